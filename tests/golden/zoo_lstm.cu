@@ -47,114 +47,104 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_75ef5d33d5d9dc0d328d(float* __restrict__ add3, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_037d681aae2364d76290(float* __restrict__ add3_stacked, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+  int _b = blockIdx.x;
+  const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_x[516];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
   __shared__ __align__(16) float s_w_x[544];
-  float r_matmul2_acc[4][2][4];
-  float r_matmul2;
+  float r_matmul2_stacked_acc[4][2][4];
+  float r_matmul2_stacked;
   float r_x_frag[4];
   float r_w_x_frag[8];
-  float r_add3_v[4];
+  float r_add3_stacked_v[4];
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul2_acc[ii0][ii1][iv] = 0.0f;
+        r_matmul2_stacked_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
-  *reinterpret_cast<float4*>(&s_x[(0 - 0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[0 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_x[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[b0 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_x_frag[ii0] = s_x[(0 - 0) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_x_frag[ii1] = s_x[(b0 - b0) * 516 + ((((t1 + (16 * ii1)) * 8) + kk0) - 0)];
     }
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
+        r_w_x_frag[((ii2 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t2) + (32 * ii2)) + iv) - 0)];
       }
     }
     #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul2_acc[ii0][ii1][iv] = r_matmul2_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
+          r_matmul2_stacked_acc[ii1][ii2][iv] = r_matmul2_stacked_acc[ii1][ii2][iv] + (r_x_frag[ii1] * r_w_x_frag[((ii2 * 4) + iv)]);
         }
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul2 = r_matmul2_acc[ii0][ii1][iv]; }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add3_v[iv] = (r_matmul2 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 1 && (((4 * t2) + (32 * ii2)) + iv) <= 31) { r_matmul2_stacked = r_matmul2_stacked_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 1 && (((4 * t2) + (32 * ii2)) + iv) <= 31) { r_add3_stacked_v[iv] = (r_matmul2_stacked + bias[(((4 * t2) + (32 * ii2)) + iv)]); }
       }
-      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add3[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add3_v[0], r_add3_v[1], r_add3_v[2], r_add3_v[3]); }
+      if ((t1 + (16 * ii1)) <= 1 && (((4 * t2) + (32 * ii2)) + 0) <= 31) { *reinterpret_cast<float4*>(&add3_stacked[b0 * 64 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (32 * ii2)) + 0)]) = make_float4(r_add3_stacked_v[0], r_add3_stacked_v[1], r_add3_stacked_v[2], r_add3_stacked_v[3]); }
     }
   }
 }
 
-__device__ __forceinline__ void pf_4620e0dc243446a3a94c_p0(float* __restrict__ slice4, const float* __restrict__ add3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_afaf71aa45931398cb11_p0(float* __restrict__ sigmoid11, const float* __restrict__ add3_stacked, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  slice4[t0 * 8 + t1] = add3[t0 * 32 + t1];
+  sigmoid11[t0 * 8 + t1] = pf_sigmoid(add3_stacked[0 * 64 + t0 * 32 + (t1 + 24)]);
 }
 
-__device__ __forceinline__ void pf_4620e0dc243446a3a94c_p1(float* __restrict__ slice6, const float* __restrict__ add3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_afaf71aa45931398cb11_p1(float* __restrict__ tanh9, const float* __restrict__ add3_stacked, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  slice6[t0 * 8 + t1] = add3[t0 * 32 + (t1 + 16)];
+  tanh9[t0 * 8 + t1] = tanhf(add3_stacked[0 * 64 + t0 * 32 + (t1 + 16)]);
 }
 
-__device__ __forceinline__ void pf_4620e0dc243446a3a94c_p2(float* __restrict__ slice7, const float* __restrict__ add3, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  slice7[t0 * 8 + t1] = add3[t0 * 32 + (t1 + 24)];
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_4620e0dc243446a3a94c(float* __restrict__ slice4, const float* __restrict__ add3, float* __restrict__ slice6, float* __restrict__ slice7) {
+extern "C" __global__ void __launch_bounds__(16) pf_afaf71aa45931398cb11(float* __restrict__ sigmoid11, const float* __restrict__ add3_stacked, float* __restrict__ tanh9) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_slice4: 1 blocks of 16
-    pf_4620e0dc243446a3a94c_p0(slice4, add3, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k2_slice6: 1 blocks of 16
-    pf_4620e0dc243446a3a94c_p1(slice6, add3, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k3_slice7: 1 blocks of 16
-    pf_4620e0dc243446a3a94c_p2(slice7, add3, pf_b - 2, (int)threadIdx.x);
+  if (pf_b < 1) {  // k2_sigmoid11: 1 blocks of 16
+    pf_afaf71aa45931398cb11_p0(sigmoid11, add3_stacked, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k1_tanh9: 1 blocks of 16
+    pf_afaf71aa45931398cb11_p1(tanh9, add3_stacked, pf_b - 1, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_b62adee1fd0c785ea1c2(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
+extern "C" __global__ void __launch_bounds__(16) pf_1ea8b5d8acd0829784fc(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ add3_stacked, const float* __restrict__ tanh9, const float* __restrict__ sigmoid11) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -162,16 +152,12 @@ extern "C" __global__ void __launch_bounds__(16) pf_b62adee1fd0c785ea1c2(float* 
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
   float r_sigmoid8;
-  float r_tanh9;
   float r_mul10;
-  float r_sigmoid11;
   float r_tanh12;
-  r_tanh9 = tanhf(slice6[t0 * 8 + t1]);
-  r_sigmoid8 = pf_sigmoid(slice4[t0 * 8 + t1]);
-  r_mul10 = (r_sigmoid8 * r_tanh9); mul10[t0 * 8 + t1] = r_mul10;
+  r_sigmoid8 = pf_sigmoid(add3_stacked[0 * 64 + t0 * 32 + t1]);
+  r_mul10 = (r_sigmoid8 * tanh9[t0 * 8 + t1]); mul10[t0 * 8 + t1] = r_mul10;
   r_tanh12 = tanhf(r_mul10);
-  r_sigmoid11 = pf_sigmoid(slice7[t0 * 8 + t1]);
-  mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
+  mul13[t0 * 8 + t1] = (sigmoid11[t0 * 8 + t1] * r_tanh12);
 }
 
 extern "C" __global__ void __launch_bounds__(128) pf_6ed56176ef374018fb3f(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
@@ -238,126 +224,31 @@ extern "C" __global__ void __launch_bounds__(128) pf_6ed56176ef374018fb3f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_812694f5f84c9aee7090(float* __restrict__ add19, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(64) pf_75fa86bc42321c3fb14e(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ add3_stacked, const float* __restrict__ matmul18) {
+  int _b = blockIdx.x;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
+  const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_x[516];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_w_x[544];
-  float r_matmul16_acc[4][2][4];
-  float r_matmul16;
   float r_add17;
-  float r_x_frag[4];
-  float r_w_x_frag[8];
-  float r_add19_v[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul16_acc[ii0][ii1][iv] = 0.0f;
-      }
-    }
-  }
-  *reinterpret_cast<float4*>(&s_x[(1 - 1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[1 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_x_frag[ii0] = s_x[(1 - 1) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
-      }
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul16_acc[ii0][ii1][iv] = r_matmul16_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
-        }
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul16 = r_matmul16_acc[ii0][ii1][iv]; }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add17 = (r_matmul16 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add19_v[iv] = (r_add17 + matmul18[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + iv)]); }
-      }
-      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add19[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add19_v[0], r_add19_v[1], r_add19_v[2], r_add19_v[3]); }
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p0(float* __restrict__ sigmoid24, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
+  float r_add19;
   float r_slice20;
-  r_slice20 = add19[t0 * 32 + t1];
-  sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_slice20);
-}
-
-__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p1(float* __restrict__ slice21, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  slice21[t0 * 8 + t1] = add19[t0 * 32 + (t1 + 8)];
-}
-
-__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p2(float* __restrict__ slice22, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  slice22[t0 * 8 + t1] = add19[t0 * 32 + (t1 + 16)];
-}
-
-__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p3(float* __restrict__ slice23, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  slice23[t0 * 8 + t1] = add19[t0 * 32 + (t1 + 24)];
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_e6b16e14a4e06624fbac(float* __restrict__ sigmoid24, const float* __restrict__ add19, float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k7_slice20: 1 blocks of 16
-    pf_e6b16e14a4e06624fbac_p0(sigmoid24, add19, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k8_slice21: 1 blocks of 16
-    pf_e6b16e14a4e06624fbac_p1(slice21, add19, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k9_slice22: 1 blocks of 16
-    pf_e6b16e14a4e06624fbac_p2(slice22, add19, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k10_slice23: 1 blocks of 16
-    pf_e6b16e14a4e06624fbac_p3(slice23, add19, pf_b - 3, (int)threadIdx.x);
+  r_add17 = add3_stacked[1 * 64 + t0 * 32 + t1];
+  r_add19 = (r_add17 + matmul18[t0 * 32 + t1]);
+  if ((t1 <= 7)) {
+    r_slice20 = r_add19;
+    sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_slice20);
+  } else {
+    if ((t1 >= 24)) {
+      slice23[t0 * 8 + (t1 - 24)] = r_add19;
+    } else {
+      if ((t1 >= 16)) {
+        slice22[t0 * 8 + (t1 - 16)] = r_add19;
+      } else {
+        slice21[t0 * 8 + (t1 - 8)] = r_add19;
+      }
+    }
   }
 }
 
@@ -385,138 +276,58 @@ extern "C" __global__ void __launch_bounds__(16) pf_1e729e45cceea537d845(float* 
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_39bb7df2d4d1ac165e0f(float* __restrict__ add38, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
+extern "C" __global__ void __launch_bounds__(64) pf_5d633d3f4da6345ce13a(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ add3_stacked, const float* __restrict__ matmul37) {
+  int _b = blockIdx.x;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
+  const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_x[516];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_w_x[544];
-  float r_matmul35_acc[4][2][4];
-  float r_matmul35;
   float r_add36;
-  float r_x_frag[4];
-  float r_w_x_frag[8];
-  float r_add38_v[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul35_acc[ii0][ii1][iv] = 0.0f;
+  float r_add38;
+  float r_slice39;
+  r_add36 = add3_stacked[2 * 64 + t0 * 32 + t1];
+  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]);
+  if ((t1 <= 7)) {
+    r_slice39 = r_add38;
+    sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_slice39);
+  } else {
+    if ((t1 >= 24)) {
+      slice42[t0 * 8 + (t1 - 24)] = r_add38;
+    } else {
+      if ((t1 >= 16)) {
+        slice41[t0 * 8 + (t1 - 16)] = r_add38;
+      } else {
+        slice40[t0 * 8 + (t1 - 8)] = r_add38;
       }
-    }
-  }
-  *reinterpret_cast<float4*>(&s_x[(2 - 2) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[2 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_x_frag[ii0] = s_x[(2 - 2) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
-      }
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul35_acc[ii0][ii1][iv] = r_matmul35_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
-        }
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul35 = r_matmul35_acc[ii0][ii1][iv]; }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add36 = (r_matmul35 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add38_v[iv] = (r_add36 + matmul37[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + iv)]); }
-      }
-      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add38[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add38_v[0], r_add38_v[1], r_add38_v[2], r_add38_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_0135d029f8f0d7066e9a(float* __restrict__ add57, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
+extern "C" __global__ void __launch_bounds__(64) pf_b63bef9b47e9e7f7402d(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ add3_stacked, const float* __restrict__ matmul56) {
+  int _b = blockIdx.x;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
+  const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_x[516];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_w_x[544];
-  float r_matmul54_acc[4][2][4];
-  float r_matmul54;
   float r_add55;
-  float r_x_frag[4];
-  float r_w_x_frag[8];
-  float r_add57_v[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul54_acc[ii0][ii1][iv] = 0.0f;
+  float r_add57;
+  float r_slice58;
+  r_add55 = add3_stacked[3 * 64 + t0 * 32 + t1];
+  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]);
+  if ((t1 <= 7)) {
+    r_slice58 = r_add57;
+    sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_slice58);
+  } else {
+    if ((t1 >= 24)) {
+      slice61[t0 * 8 + (t1 - 24)] = r_add57;
+    } else {
+      if ((t1 >= 16)) {
+        slice60[t0 * 8 + (t1 - 16)] = r_add57;
+      } else {
+        slice59[t0 * 8 + (t1 - 8)] = r_add57;
       }
-    }
-  }
-  *reinterpret_cast<float4*>(&s_x[(3 - 3) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[3 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_x_frag[ii0] = s_x[(3 - 3) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
-      }
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul54_acc[ii0][ii1][iv] = r_matmul54_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
-        }
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul54 = r_matmul54_acc[ii0][ii1][iv]; }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add55 = (r_matmul54 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
-        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add57_v[iv] = (r_add55 + matmul56[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + iv)]); }
-      }
-      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add57[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add57_v[0], r_add57_v[1], r_add57_v[2], r_add57_v[3]); }
     }
   }
 }
