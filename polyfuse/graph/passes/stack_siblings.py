@@ -36,6 +36,7 @@ from polyfuse.graph.expr import (
     Const,
     Expr,
     ExprMutator,
+    ExprVisitor,
     IterVar,
     Read,
     Tensor,
@@ -58,19 +59,31 @@ _INT_OPS = {
 }
 
 
+class _IntValue(ExprVisitor["int | None"]):
+    """The integer value of a subscript without loop variables, else None."""
+
+    def visit_default(self, e: Expr) -> int | None:
+        return None
+
+    def visit_Const(self, e: Const) -> int | None:
+        v = e.value
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def visit_Unary(self, e: Unary) -> int | None:
+        a = self.visit(e.a) if e.op == "neg" else None
+        return None if a is None else -a
+
+    def visit_Binary(self, e: Binary) -> int | None:
+        a, b = self.visit(e.a), self.visit(e.b)
+        if a is None or b is None or e.op not in _INT_OPS:
+            return None
+        return _INT_OPS[e.op](a, b)
+
+
 def int_value(e: Expr) -> int | None:
     """The value of subscript ``e`` when it is an integer constant expression (no loop
     variable: ``0 + 1`` as a layout fold leaves it), else None."""
-    if isinstance(e, Const):
-        v = e.value
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
-    if isinstance(e, Unary) and e.op == "neg":
-        a = int_value(e.a)
-        return None if a is None else -a
-    if isinstance(e, Binary) and e.op in _INT_OPS:
-        a, b = int_value(e.a), int_value(e.b)
-        return None if a is None or b is None else _INT_OPS[e.op](a, b)
-    return None
+    return _IntValue().visit(e)
 
 
 @dataclass(frozen=True)
