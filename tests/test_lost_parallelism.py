@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 from isl_graphs import swin_tail
+from lstm_graphs import lstm, lstm_reference
 
 import polyfuse
 from polyfuse import ops, te
@@ -22,54 +23,7 @@ from polyfuse.poly.schedule import PARALLEL_LOSS, PARALLEL_POINTS
 
 
 def _hoisted_lstm(steps: int, batch: int, n_in: int, hidden: int):
-    x = te.placeholder((steps, batch, n_in), name="x")
-    wx = te.placeholder((n_in, 4 * hidden), name="wx")
-    wh = te.placeholder((hidden, 4 * hidden), name="wh")
-    bias = te.placeholder((4 * hidden,), name="bias")
-    k = te.reduce_axis(n_in, "k")
-    p = te.compute(
-        (steps, batch, 4 * hidden), lambda t, b, j: te.sum(x[t, b, k] * wx[k, j], axis=k), name="p"
-    )
-    h = c = None
-    for t in range(steps):
-        g = te.compute((batch, 4 * hidden), lambda b, j, t=t: p[t, b, j] + bias[j], name=f"g{t}")
-        if h is not None:
-            r = te.reduce_axis(hidden, "r")
-            hw = te.compute(
-                (batch, 4 * hidden),
-                lambda b, j, h=h, r=r: te.sum(h[b, r] * wh[r, j], axis=r),
-                name=f"hw{t}",
-            )
-            g = te.compute((batch, 4 * hidden), lambda b, j, g=g, hw=hw: g[b, j] + hw[b, j])
-
-        def gate(q: int, g=g):
-            return lambda b, j: g[b, q * hidden + j]
-
-        i_, f_, gg, o_ = (te.compute((batch, hidden), gate(q)) for q in range(4))
-        new = te.compute(
-            (batch, hidden), lambda b, j, i_=i_, gg=gg: te.sigmoid(i_[b, j]) * te.tanh(gg[b, j])
-        )
-        c = new if c is None else te.compute(
-            (batch, hidden),
-            lambda b, j, f_=f_, c=c, new=new: te.sigmoid(f_[b, j]) * c[b, j] + new[b, j],
-        )  # fmt: skip
-        h = te.compute(
-            (batch, hidden), lambda b, j, o_=o_, c=c: te.sigmoid(o_[b, j]) * te.tanh(c[b, j])
-        )
-    return [x, wx, wh, bias], [h, c]
-
-
-def _reference(arrays, steps: int, hidden: int):
-    x, wx, wh, bias = (a.astype(np.float64) for a in arrays)
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    h = c = None
-    for t in range(steps):
-        g = x[t] @ wx + bias + (h @ wh if h is not None else 0)
-        i, f, gg, o = (g[:, q * hidden : (q + 1) * hidden] for q in range(4))
-        new = sig(i) * np.tanh(gg)
-        c = new if c is None else sig(f) * c + new
-        h = sig(o) * np.tanh(c)
-    return h, c
+    return lstm(steps, batch, n_in, hidden, hoisted=True)
 
 
 def test_no_step_runs_in_one_block():
@@ -91,7 +45,7 @@ def test_split_steps_match_float64():
     fn = polyfuse.compile(ins, outs)
     rng = np.random.default_rng(0)
     arrays = [0.5 * rng.standard_normal(t.shape).astype(np.float32) for t in ins]
-    want = _reference(arrays, steps, hidden)
+    want = lstm_reference(arrays, steps, hidden)
     for mode in (False, True):
         got = fn(*arrays, device="emulate", race_check=mode)
         for g, w in zip(got, want, strict=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lstm_graphs import lstm, lstm_reference
 
 import polyfuse
 from polyfuse import te, zoo
@@ -22,53 +23,7 @@ from polyfuse.graph.passes.stack_siblings import int_value
 
 
 def _stepwise_lstm(steps: int, batch: int, n_in: int, hidden: int, dtype: str = "float32"):
-    """The LSTM as the zoo writes it, weights as inputs: per step ``x[t] @ W_x + bias``."""
-    x = te.placeholder((steps, batch, n_in), dtype, name="x")
-    wx = te.placeholder((n_in, 4 * hidden), dtype, name="wx")
-    wh = te.placeholder((hidden, 4 * hidden), dtype, name="wh")
-    bias = te.placeholder((4 * hidden,), dtype, name="bias")
-    h = c = None
-    for t in range(steps):
-        k = te.reduce_axis(n_in, "k")
-        p = te.compute(
-            (batch, 4 * hidden), lambda b, j, t=t, k=k: te.sum(x[t, b, k] * wx[k, j], axis=k)
-        )
-        g = te.compute((batch, 4 * hidden), lambda b, j, p=p: p[b, j] + bias[j])
-        if h is not None:
-            r = te.reduce_axis(hidden, "r")
-            hw = te.compute(
-                (batch, 4 * hidden), lambda b, j, h=h, r=r: te.sum(h[b, r] * wh[r, j], axis=r)
-            )
-            g = te.compute((batch, 4 * hidden), lambda b, j, g=g, hw=hw: g[b, j] + hw[b, j])
-
-        def gate(q: int, g=g):
-            return lambda b, j: g[b, q * hidden + j]
-
-        i_, f_, gg, o_ = (te.compute((batch, hidden), gate(q)) for q in range(4))
-        new = te.compute(
-            (batch, hidden), lambda b, j, i_=i_, gg=gg: te.sigmoid(i_[b, j]) * te.tanh(gg[b, j])
-        )
-        c = new if c is None else te.compute(
-            (batch, hidden),
-            lambda b, j, f_=f_, c=c, new=new: te.sigmoid(f_[b, j]) * c[b, j] + new[b, j],
-        )  # fmt: skip
-        h = te.compute(
-            (batch, hidden), lambda b, j, o_=o_, c=c: te.sigmoid(o_[b, j]) * te.tanh(c[b, j])
-        )
-    return [x, wx, wh, bias], [h, c]
-
-
-def _reference(arrays, steps: int, hidden: int):
-    x, wx, wh, bias = (a.astype(np.float64) for a in arrays)
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    h = c = None
-    for t in range(steps):
-        g = x[t] @ wx + bias + (h @ wh if h is not None else 0)
-        i, f, gg, o = (g[:, q * hidden : (q + 1) * hidden] for q in range(4))
-        new = sig(i) * np.tanh(gg)
-        c = new if c is None else sig(f) * c + new
-        h = sig(o) * np.tanh(c)
-    return h, c
+    return lstm(steps, batch, n_in, hidden, dtype)
 
 
 def _passes(ins, outs, names=DEFAULT_PASSES):
@@ -131,7 +86,7 @@ def test_stacked_lstm_matches_float64(dtype):
     fn = polyfuse.compile(ins, outs)
     rng = np.random.default_rng(1)
     arrays = [(0.5 * rng.standard_normal(t.shape)).astype(numpy_dtype(dtype)) for t in ins]
-    want = _reference(arrays, steps, hidden)
+    want = lstm_reference(arrays, steps, hidden)
     for mode in (False, True):
         got = fn(*arrays, device="emulate", race_check=mode)
         for gv, w in zip(got, want, strict=True):
