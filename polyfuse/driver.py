@@ -68,6 +68,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.split_k import check_split_k, split_contractions
 from polyfuse.poly.tensorize_tiling import check_forced_tiling
 from polyfuse.poly.tiling import epilogue_split
 from polyfuse.reference import evaluate
@@ -295,6 +296,7 @@ def compile(  # noqa: A001
             f"compile: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}"
         )
     check_forced_tiling(mapping.mma_tile if mapping else None)
+    check_split_k(mapping.split_k if mapping else None)
     inputs, outputs = list(inputs), list(outputs)
     consts = _check_constants(constants or {}, inputs)
     selected = check_passes(passes)
@@ -309,6 +311,8 @@ def compile(  # noqa: A001
     device = device_for_arch(arch)
     splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)
     graph_notes = split_long_reductions(graph, device, ReductionConfig(), splits) if stitch else []
+    if stitch:
+        graph_notes += split_contractions(graph, device, mapping, splits)
     times["graph"] = time.perf_counter() - t0 - times["passes"]
 
     cache = cache if cache is not None else CompileCache()

@@ -64,6 +64,10 @@ class MappingConfig:
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,
     # 1 = one element per thread, 4/8 = forced (float4 only where isl proves it)
     elements_per_thread: int | None = None
+    #: float32 contractions: sum the reduction in this many parts across blocks (split-K,
+    #: poly/split_k.py) where it divides the reduction axis; 1 = never; None = the cost model
+    #: decides where one stage leaves SMs idle
+    split_k: int | None = None
 
 
 @dataclass(frozen=True)
