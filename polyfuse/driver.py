@@ -309,17 +309,16 @@ def compile(  # noqa: A001
     graph = run_passes(graph, selected, evaluate=_evaluate, arch=arch)
     times["passes"] = time.perf_counter() - t1
     device = device_for_arch(arch)
-    splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)
-    graph_notes = split_long_reductions(graph, device, ReductionConfig(), splits) if stitch else []
-    if stitch:
-        graph_notes += split_contractions(graph, device, mapping, splits)
-    times["graph"] = time.perf_counter() - t0 - times["passes"]
-
     cache = cache if cache is not None else CompileCache()
     hits0, misses0 = cache.hits, cache.misses
     cfg = mapping or MappingConfig()
     salt = f"polyfuse {__version__}|codegen {CODEGEN_REVISION}|{arch}"
     salt += f"|budget {budget}|{cfg}|stitch {stitch}"
+    splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)
+    graph_notes = split_long_reductions(graph, device, ReductionConfig(), splits) if stitch else []
+    if stitch:  # float32 contractions summed in parts (split-K), decisions cached
+        graph_notes += split_contractions(graph, device, mapping, splits, cache, salt)
+    times["graph"] = time.perf_counter() - t0 - times["passes"]
 
     memo: dict[tuple[str, ...], ScheduledMicrograph] = {}
     separations: set[frozenset[str]] = set()

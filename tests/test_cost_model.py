@@ -542,7 +542,8 @@ def test_the_model_works_without_the_disassembler(monkeypatch):
     analyse = sys.modules["polyfuse.cuda.toolchain.sass.analyse"]
     monkeypatch.setattr(analyse, "find_disassembler", missing)
     ins, outs, _ = examples.matmul_bias_gelu(1024, 1024, 1024)
-    fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)
+    one = MappingConfig(split_k=1)  # one GEMM kernel (the model sums K in 2 parts at 64 blocks)
+    fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False, mapping=one)
     descs, how = kernel_cost.describe_kernels(fn.kernels, fn.cuda_source, "sm_90")
     assert how.startswith("kernel IR estimate") and "no SASS" in how
     (d,) = descs
@@ -570,8 +571,8 @@ def test_ir_estimate_is_close_to_the_sass_count():
     from polyfuse.cuda.toolchain.sass import analyse
 
     ins, outs, _ = examples.matmul_bias_gelu(1024, 1024, 1024)
-    for arch in ("sm_80", "sm_90"):
-        fn = polyfuse.compile(ins, outs, arch, check_cuda=False)
+    for arch in ("sm_80", "sm_90"):  # one GEMM kernel, not split in parts (split-K)
+        fn = polyfuse.compile(ins, outs, arch, check_cuda=False, mapping=MappingConfig(split_k=1))
         (k,) = fn.kernels
         (ks,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
         ir, sass = describe_kernel(k).mix, describe_kernel(k, ks).mix
@@ -602,11 +603,13 @@ def test_sass_counts_a_kernels_static_shared_memory_once():
 def test_a_contraction_is_never_split_into_partial_reductions():
     """A matmul whose weight is its largest input has the 'x' canonical form, whose lanes
     would each combine K / 8 terms: the split pass cut it into partial reductions (two
-    kernels and K / 4096 partial sums) instead of leaving it to the GEMM path."""
+    kernels and K / 4096 partial sums) instead of leaving it to the GEMM path (split-K, a
+    decision of the GEMM tile model, is off here)."""
     from polyfuse.base.decision import DecisionKind
 
     a, w = te.placeholder((1024, 4096), name="a"), te.placeholder((4096, 1536), name="w")
-    fn = polyfuse.compile([a, w], [ops.matmul(a, w)], "sm_90", check_cuda=False)
+    one = MappingConfig(split_k=1)
+    fn = polyfuse.compile([a, w], [ops.matmul(a, w)], "sm_90", check_cuda=False, mapping=one)
     (rec,) = [r for r in fn.plan.records() if DecisionKind.SPLIT_REDUCTION in r.kinds]
     assert rec.data["chunks"] == 1 and "contraction" in rec.reason
     (k,) = fn.kernels

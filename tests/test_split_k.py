@@ -85,7 +85,7 @@ def test_split_results_match_float64(parts):
 
 def test_what_is_not_split():
     """A GEMM whose tiles fill the SMs (its reason recorded), a short reduction, a bfloat16
-    GEMM (tensor cores), tf32 and ``split_k=1``: one kernel each."""
+    GEMM (tensor cores), tf32, ``split_k=1`` and a forced tiling: one kernel each."""
     ins, out = _linear(4096, 4096, 1024)
     fn = polyfuse.compile(ins, [out], check_cuda=False, arch="sm_90")
     assert len(fn.kernels) == 1
@@ -97,6 +97,7 @@ def test_what_is_not_split():
         ((64, 64, 4096, "bfloat16"), None),
         ((64, 64, 4096), MappingConfig(allow_tf32=True)),
         ((64, 64, 4096), MappingConfig(split_k=1)),
+        ((64, 64, 4096), MappingConfig(gemm_tile=(64, 64, 4, 4, 8))),
     ):
         ins, out = _linear(*args)
         fn = polyfuse.compile(ins, [out], check_cuda=False, arch="sm_90", mapping=mapping)
@@ -115,3 +116,22 @@ def test_a_bad_part_count_is_refused(bad):
     ins, out = _linear(16, 32, 1024)
     with pytest.raises(ExpressionError, match=r"MappingConfig.split_k=.*part count"):
         polyfuse.compile(ins, [out], check_cuda=False, mapping=MappingConfig(split_k=bad))
+
+
+def test_decisions_are_kept_by_the_compile_cache(tmp_path, monkeypatch):
+    """A second compile with the same cache directory reads the decision back (the pricing
+    does not run again) and records the same split under the primitive's name."""
+    from polyfuse.cache import CompileCache
+    from polyfuse.poly import split_k
+
+    ins, out = _linear(16, 1000, 2048)
+    first = polyfuse.compile(ins, [out], check_cuda=False, cache=CompileCache(tmp_path))
+
+    def priced_again(*args, **kwargs):
+        raise AssertionError("split-K priced again")
+
+    monkeypatch.setattr(split_k, "choose_split_k", priced_again)
+    again = polyfuse.compile(ins, [out], check_cuda=False, cache=CompileCache(tmp_path))
+    reasons = [[d.reason for d in fn.plan.splits] for fn in (first, again)]
+    assert reasons[0] == reasons[1] and any("split-K" in r for r in reasons[0]), reasons
+    assert [k.name for k in again.kernels] == [k.name for k in first.kernels]

@@ -27,7 +27,9 @@ results differ from one stage by float32 rounding only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import islpy as isl
 
@@ -49,7 +51,7 @@ from polyfuse.graph.expr import (
 from polyfuse.graph.graph import Graph, build_graph
 from polyfuse.graph.kinds import OpKind, is_contraction
 from polyfuse.graph.partition import Micrograph
-from polyfuse.graph.structure import compute_text
+from polyfuse.graph.structure import compute_text, structural_key
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
@@ -188,7 +190,8 @@ def choose_split_k(
     model: SplitKModel | None = None,
 ) -> SplitDecision | None:
     """How many parts contraction ``name`` is summed in (module doc; ``cfg.split_k`` forces
-    it), or None when it is no candidate (not a float32 contraction of a long reduction)."""
+    it), or None when it is no candidate (not a float32 contraction of a long reduction, or a
+    forced tiling: ``gemm_tile`` tiles the one-stage GEMM)."""
     model = model or SplitKModel()
     cfg = cfg or MappingConfig()
     t = graph.prims[name].tensor
@@ -197,6 +200,8 @@ def choose_split_k(
     if cfg.allow_tf32 or t.dtype != "float32" or any(s.dtype != "float32" for s in t.op.inputs()):
         return None
     forced = cfg.split_k
+    if forced is None and (cfg.gemm_tile is not None or cfg.mma_tile is not None):
+        return None  # a tiling the user forced is one stage's
     k = _axis(t, replace(model, min_k=1) if forced else model)
     if k is None or forced == 1:
         return None
@@ -242,15 +247,59 @@ def choose_split_k(
     return SplitDecision(name, form, 1, f"{name}: {form}: one stage, {head}", us)
 
 
+#: What the compile cache keeps of a decision (``chunks`` 0: no candidate); the reason
+#: without the primitive's name, which another compile of the structure spells otherwise
+SPLIT_K_FIELDS = (("chunks", "form", "why", "us"),)
+
+
+class DecisionStore(Protocol):
+    """Where decisions are kept across compiles (:class:`polyfuse.cache.CompileCache`)."""
+
+    def get(self, key: str, fields: Sequence[Sequence[str]] | None = None) -> Any: ...
+    def put(self, key: str, value: Any) -> None: ...
+
+
+def _decided(
+    graph: Graph,
+    name: str,
+    device: DeviceSpec,
+    cfg: MappingConfig | None,
+    store: DecisionStore | None,
+    salt: str,
+) -> SplitDecision | None:
+    """:func:`choose_split_k`, kept in ``store`` under the primitive's structural key."""
+    if store is None:
+        return choose_split_k(graph, name, device, cfg)
+    key = structural_key(graph, [name], f"{salt}|split_k").digest
+    entry = store.get(key, SPLIT_K_FIELDS)
+    if entry is not None:
+        if not entry["chunks"]:
+            return None
+        us = tuple(entry["us"]) if entry["us"] else None
+        why = f"{name}: {entry['why']}"
+        return SplitDecision(name, entry["form"], entry["chunks"], why, us)  # type: ignore[arg-type]
+    choice = choose_split_k(graph, name, device, cfg)
+    if choice is None:
+        store.put(key, {"chunks": 0, "form": "", "why": "", "us": None})
+    else:
+        why = choice.reason.removeprefix(f"{name}: ")
+        us = list(choice.modelled_us) if choice.modelled_us else None
+        store.put(key, {"chunks": choice.chunks, "form": choice.form, "why": why, "us": us})
+    return choice
+
+
 def split_contractions(
     graph: Graph,
     device: DeviceSpec,
     cfg: MappingConfig | None = None,
     decisions: list[Decided] | None = None,
+    store: DecisionStore | None = None,
+    salt: str = "",
 ) -> list[DecisionNote]:
     """Rewrite every contraction :func:`choose_split_k` splits into a partial contraction
     and a final sum; returns one plan note per split (and appends every decision made about a
-    candidate to ``decisions``). Contractions of one structure are priced once."""
+    candidate to ``decisions``). Contractions of one structure are priced once, and, with a
+    ``store`` (the compile cache; ``salt`` its context), once across compiles."""
     notes: list[DecisionNote] = []
     memo: dict[str, SplitDecision | None] = {}
     for name in graph.topo_order():
@@ -259,11 +308,12 @@ def split_contractions(
             continue
         key = f"{[s.shape for s in t.op.inputs()]}|{compute_text(t, lambda _: '')}"
         if key not in memo:
-            memo[key] = choose_split_k(graph, name, device, cfg)
+            memo[key] = _decided(graph, name, device, cfg, store, salt)
         choice = memo[key]
         if choice is None:
             continue
-        choice = replace(choice, tensor=name, reason=choice.reason.replace(choice.tensor, name, 1))
+        reason = choice.reason.replace(f"{choice.tensor}: ", f"{name}: ", 1)
+        choice = replace(choice, tensor=name, reason=reason)
         if decisions is not None:
             decisions.append(choice.record)
         if choice.chunks <= 1:
