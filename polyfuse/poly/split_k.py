@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import islpy as isl
 
-from polyfuse.base.decision import Decided, DecisionNote
+from polyfuse.base.decision import Decided, DecisionNote, Refusal
 from polyfuse.base.errors import ExpressionError, ScheduleError
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import (
@@ -158,9 +158,9 @@ def _priced(t: Tensor, device: DeviceSpec, ctx: isl.Context) -> tuple[float, int
     except (Feedback, ScheduleError):  # isl's budget: no estimate, the contraction stays
         return None
     shape = detect_gemm(sm)
-    if not hasattr(shape, "operands"):
+    if isinstance(shape, Refusal):
         return None
-    ranked = rank_gemm_tiles(shape, device, limit=1)  # type: ignore[arg-type]
+    ranked = rank_gemm_tiles(shape, device, limit=1)
     if not ranked:
         return None
     best = ranked[0]
