@@ -266,15 +266,20 @@ def two_stage(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
     # p goes first so the innermost kept dimension (the contiguous one of an x-reduce) stays last
     partial = Tensor((chunks,) + t.shape, t.dtype, f"{t.name}_partial")
     partial.op = ComputeOp((p,) + axes, Reduce(red.op, guarded, (c,), red.accumulate), t.op.tag)
-    k = IterVar("k", 0, chunks, "reduce")
-    final_axes = tuple(IterVar(a.name, a.lo, a.hi, "data") for a in t.op.axes)
-    final = Tensor(t.shape, t.dtype, t.name, uid=t.uid)
-    final.op = ComputeOp(
-        final_axes,
-        Reduce(red.op, Read(partial, (k,) + final_axes), (k,), red.accumulate),
-        t.op.tag,
+    return partial, combine_parts(t, partial, red.accumulate)
+
+
+def combine_parts(t: Tensor, part: Tensor, accumulate: str | None) -> Tensor:
+    """``t`` (same uid, name and dtype) as its reduction operator applied to ``part`` over
+    ``part``'s leading axis: the final stage of a two-stage reduction or of split-K."""
+    assert t.op is not None and t.op.reduce is not None
+    k = IterVar("k", 0, part.shape[0], "reduce")
+    axes = tuple(IterVar(a.name, a.lo, a.hi, "data") for a in t.op.axes)
+    out = Tensor(t.shape, t.dtype, t.name, uid=t.uid)
+    out.op = ComputeOp(
+        axes, Reduce(t.op.reduce.op, Read(part, (k, *axes)), (k,), accumulate), t.op.tag
     )
-    return partial, final
+    return out
 
 
 def split_long_reductions(

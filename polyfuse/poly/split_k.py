@@ -58,7 +58,7 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.model import build_model
 from polyfuse.poly.schedule import Feedback, compute_schedule
-from polyfuse.poly.split import SplitDecision
+from polyfuse.poly.split import SplitDecision, combine_parts
 from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 
 
@@ -123,17 +123,6 @@ def partial(t: Tensor, k: IterVar, parts: int, name: str) -> Tensor:
     others = tuple(c if a.uid == k.uid else a for a in red.axes)
     out = Tensor((parts, *t.shape), acc, name)
     out.op = ComputeOp((p, *axes), Reduce(red.op, body, others, acc), t.op.tag)
-    return out
-
-
-def final(t: Tensor, part: Tensor) -> Tensor:
-    """``t`` (same uid and dtype) as the sum of ``part`` over its leading axis."""
-    assert t.op is not None and t.op.reduce is not None
-    q = IterVar("q", 0, part.shape[0], "reduce")
-    axes = tuple(IterVar(a.name, a.lo, a.hi, "data") for a in t.op.axes)
-    acc = part.dtype
-    out = Tensor(t.shape, t.dtype, t.name, uid=t.uid)
-    out.op = ComputeOp(axes, Reduce("sum", Read(part, (q, *axes)), (q,), acc), t.op.tag)
     return out
 
 
@@ -322,7 +311,7 @@ def split_contractions(
         assert k is not None
         part = partial(t, k, choice.chunks, f"{t.name}_part")
         graph.add(part)
-        graph.replace(name, final(t, part))
+        graph.replace(name, combine_parts(t, part, part.dtype))
         rec = choice.record
         why = (
             f"{name}: {choice.form} summed in {choice.chunks} parts "

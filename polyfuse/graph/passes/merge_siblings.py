@@ -48,6 +48,7 @@ names such readers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import islpy as isl
@@ -328,18 +329,28 @@ def _step_reads(graph: Graph, q: Tensor, prev: Tensor, axis: int) -> dict[int, i
     return cat
 
 
-def _epilogue(graph: Graph, p: Primitive, axis: int) -> list[Primitive]:
-    """The per-column epilogue chain after contraction ``p`` (bias add, scale): each step
-    the single reader of the one before, which is no graph output."""
+def epilogue_chain(
+    graph: Graph, p: Primitive, is_step: Callable[[Tensor, Tensor], bool]
+) -> list[Primitive]:
+    """The chain of steps after ``p``: each the single reader of the one before (which is
+    no graph output) and a step of it by ``is_step(step, previous)``."""
     chain: list[Primitive] = []
     cur = p
     while not graph.is_output(cur.tensor) and len(graph.consumers(cur.name)) == 1:
         q = graph.prims[graph.consumers(cur.name)[0]]
-        if _step_reads(graph, q.tensor, cur.tensor, axis) is None:
+        if not is_step(q.tensor, cur.tensor):
             break
         chain.append(q)
         cur = q
     return chain
+
+
+def same_read(ta: Tensor, x: Read, tb: Tensor, y: Read) -> bool:
+    """Whether read ``x`` of ``ta`` and read ``y`` of ``tb`` read the same tensor through
+    the same subscripts (positionally, loop variables by position)."""
+    return x.tensor.uid == y.tensor.uid and positional_subscripts(ta, x) == positional_subscripts(
+        tb, y
+    )
 
 
 def _steps_agree(graph: Graph, a: Primitive, b: Primitive, axis: int) -> bool:
@@ -361,9 +372,7 @@ def _steps_agree(graph: Graph, a: Primitive, b: Primitive, axis: int) -> bool:
         if i in prev_a:
             continue
         if i not in cat_a:
-            if x.tensor.uid != y.tensor.uid or positional_subscripts(
-                ta, x
-            ) != positional_subscripts(tb, y):
+            if not same_read(ta, x, tb, y):
                 return False
             continue
         d = cat_a[i]
@@ -548,7 +557,12 @@ def _take(graph: Graph, rw: Rewriter, group: list[Primitive], matches: dict[str,
     """Find the epilogue chain the members share, drop the members that must not merge
     (recorded), then merge the rest."""
     axis = next(iter(matches.values())).axis
-    chains = {g.name: _epilogue(graph, g, axis) for g in group}
+    chains = {
+        g.name: epilogue_chain(
+            graph, g, lambda q, prev: _step_reads(graph, q, prev, axis) is not None
+        )
+        for g in group
+    }
     length = min(len(c) for c in chains.values())
     for k in range(length):
         s0 = chains[group[0].name][k]

@@ -44,7 +44,12 @@ from polyfuse.graph.expr import (
 )
 from polyfuse.graph.graph import Graph, Primitive
 from polyfuse.graph.kinds import is_contraction
-from polyfuse.graph.passes.merge_siblings import positional_subscripts, sibling_form
+from polyfuse.graph.passes.merge_siblings import (
+    epilogue_chain,
+    positional_subscripts,
+    same_read,
+    sibling_form,
+)
 from polyfuse.graph.passes.record import PassAction
 from polyfuse.graph.passes.rewrite import Rewriter, is_identity_read, reads_of, with_body
 
@@ -130,10 +135,16 @@ def _progression(values: list[int]) -> int | None:
 
 
 def _chain_step(graph: Graph, q: Tensor, prev: Tensor) -> bool:
-    """Whether ``q`` is a per-element epilogue step of ``prev``: the same shape, no
-    reduction, one read of ``prev`` at ``q``'s own index, every other read a constant."""
+    """Whether ``q`` is a per-element epilogue step of ``prev``: no graph output (the last
+    step stacked becomes a slice), the same shape, no reduction, one read of ``prev`` at
+    ``q``'s own index, every other read a constant."""
     assert q.op is not None
-    if q.op.reduce is not None or q.shape != prev.shape or q.dtype != prev.dtype:
+    if (
+        graph.is_output(q)
+        or q.op.reduce is not None
+        or q.shape != prev.shape
+        or q.dtype != prev.dtype
+    ):
         return False
     reads = reads_of(q.op.body)
     mine = [r for r in reads if r.tensor.uid == prev.uid]
@@ -142,20 +153,6 @@ def _chain_step(graph: Graph, q: Tensor, prev: Tensor) -> bool:
         and is_identity_read(mine[0], q)
         and all(r is mine[0] or graph.is_constant(r.tensor) for r in reads)
     )
-
-
-def _chain(graph: Graph, p: Primitive) -> list[Primitive]:
-    """The per-element epilogue chain after member ``p``: each step the single reader of
-    the one before, and no graph output (the last step stacked becomes a slice)."""
-    out: list[Primitive] = []
-    cur = p
-    while not graph.is_output(cur.tensor) and len(graph.consumers(cur.name)) == 1:
-        q = graph.prims[graph.consumers(cur.name)[0]]
-        if graph.is_output(q.tensor) or not _chain_step(graph, q.tensor, cur.tensor):
-            break
-        out.append(q)
-        cur = q
-    return out
 
 
 def _agree(a: Tensor, b: Tensor, prev_a: Tensor, prev_b: Tensor) -> bool:
@@ -169,9 +166,7 @@ def _agree(a: Tensor, b: Tensor, prev_a: Tensor, prev_b: Tensor) -> bool:
     for x, y in zip(ra, rb, strict=True):
         if (x.tensor.uid, y.tensor.uid) == (prev_a.uid, prev_b.uid):
             continue
-        if x.tensor.uid != y.tensor.uid or positional_subscripts(a, x) != positional_subscripts(
-            b, y
-        ):
+        if not same_read(a, x, b, y):
             return False
     return True
 
@@ -266,7 +261,9 @@ def stack_siblings(graph: Graph) -> Graph:
                     "result, a strided store no fold can write (a copy kernel would remain)",
                 )
                 continue
-            kept.append((p, c, _chain(graph, p)))
+            kept.append(
+                (p, c, epilogue_chain(graph, p, lambda q, prev: _chain_step(graph, q, prev)))
+            )
         if len(kept) < 2:
             continue
         step = _progression([c for _, c, _ in kept])
