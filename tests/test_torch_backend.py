@@ -303,7 +303,6 @@ def test_1d_3d_and_transposed_convolutions_run_in_polyfuse(conv):
     assert last_compiled().polyfuse_report["eager"] == {}
 
 
-
 def test_ceil_mode_dilated_and_divisor_override_pools_run_in_polyfuse():
     """Pools with ``ceil_mode`` (GoogLeNet's, Inception's), dilation or ``divisor_override``
     stayed in PyTorch. ceil_mode adds a last window that overhangs the input (dropped where it
@@ -325,6 +324,7 @@ def test_ceil_mode_dilated_and_divisor_override_pools_run_in_polyfuse():
     for k, (gt, wt) in enumerate(zip(got, want, strict=True)):
         assert gt.shape == wt.shape and torch.allclose(gt, wt, atol=1e-6), k
     assert last_compiled().polyfuse_report["eager"] == {}
+
 
 def test_max_dim_var_mean_flip_gather_repeat_instance_norm_adaptive_pool_run_in_polyfuse():
     """More operators models use lower to regions: torch.max/min (whole, and by dim with the
@@ -602,6 +602,72 @@ def test_sdpa_device_kernels_decompose_and_compile(call, is_causal):
     want = F.scaled_dot_product_attention(q, k, v, is_causal=bool(is_causal))
     got = fused(q, k, v)
     close(got[0] if isinstance(got, (tuple, list)) else got, want)
+
+
+# ------------------------------------------------------------------------ recurrent layers
+
+
+def _flat(out) -> tuple[torch.Tensor, ...]:
+    """An RNN module's (output, h_n) or (output, (h_n, c_n)) as a flat tuple."""
+    return tuple(t for o in out for t in (o if isinstance(o, tuple) else (o,)))
+
+
+@pytest.mark.parametrize(
+    "rnn",
+    [
+        pytest.param(lambda: nn.LSTM(19, 13, num_layers=2, bidirectional=True), id="lstm-2x-bi"),
+        pytest.param(lambda: nn.LSTM(19, 13, bias=False, batch_first=True), id="lstm-nobias-bf"),
+        pytest.param(lambda: nn.GRU(19, 13, num_layers=2, batch_first=True), id="gru-2x"),
+        pytest.param(lambda: nn.RNN(19, 13, nonlinearity="relu", bidirectional=True), id="rnn"),
+    ],
+)
+def test_recurrent_layers_run_in_polyfuse(rnn, caplog):
+    """Dynamo traces RNN modules with ``allow_rnn``; on the CPU an LSTM layer becomes
+    ``aten.mkldnn_rnn_layer`` (oneDNN's kernel), which the backend decomposes into the
+    unrolled steps (it stayed in PyTorch before); GRU and RNN come as matmuls already."""
+    torch.manual_seed(2)
+    model = rnn().eval()
+    x = torch.randn(5, 7, 19)
+    layers = 2 * model.num_layers if model.bidirectional else model.num_layers
+    h0 = torch.randn(layers, 5 if model.batch_first else 7, 13)
+    args = (x, (h0, torch.randn_like(h0))) if isinstance(model, nn.LSTM) else (x, h0)
+    with (
+        torch.no_grad(),
+        torch._dynamo.config.patch(allow_rnn=True),
+        caplog.at_level(logging.WARNING, logger="polyfuse.torch"),
+    ):
+        want = model(*args)
+        got = torch.compile(model, backend="polyfuse")(*args)
+    close(_flat(got), _flat(want))
+    fused = last_compiled()
+    assert_all_in_polyfuse(fused)
+    assert polyfuse_warnings(caplog) == []
+
+
+def test_lstm_layer_decomposition_steps_and_refusals():
+    """The decomposition itself: reversed steps land at their own time index, and the
+    modes it does not cover (GRU, training) are left to PyTorch (``NotImplemented``)."""
+    from polyfuse.torch.decomp import mkldnn_rnn_layer
+
+    torch.manual_seed(3)
+    lstm = nn.LSTM(6, 4, bidirectional=True).eval()
+    x, h0, c0 = torch.randn(5, 3, 6), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    with torch.no_grad():
+        want_y, (want_h, want_c) = lstm(x, (h0, c0))
+        for d, sfx in enumerate(("", "_reverse")):
+            w = [
+                getattr(lstm, f"{n}_l0{sfx}")
+                for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            ]
+            y, h, c, ws = mkldnn_rnn_layer(
+                x, *w, h0[d : d + 1], c0[d : d + 1], bool(d), [], 2, 4, 1, True, False, False,
+                False,
+            )  # fmt: skip
+            close((y, h[0], c[0]), (want_y[..., 4 * d : 4 * d + 4], want_h[d], want_c[d]))
+            assert ws.numel() == 0
+        common = (x, *w, h0[:1], c0[:1], False, [])
+        assert mkldnn_rnn_layer(*common, 3, 4, 1, True, False, False, False) is NotImplemented
+        assert mkldnn_rnn_layer(*common, 2, 4, 1, True, False, False, True) is NotImplemented
 
 
 # ------------------------------------------------------------------------ dynamic shapes

@@ -6,6 +6,9 @@ In inference, ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` take 
 layer norms; ``F.scaled_dot_product_attention`` picks a device kernel
 (``aten._scaled_dot_product_flash_attention`` and its siblings). None of these is in PyTorch's
 core-ATen decomposition table, so without the functions here the whole layer stays in PyTorch.
+Likewise an ``nn.LSTM`` traced on the CPU (Dynamo's ``allow_rnn``) records one
+``aten.mkldnn_rnn_layer`` per layer and direction (oneDNN's kernel), written here as its
+unrolled steps.
 
 :func:`decomposition_table` is the table the backend hands AOT autograd: core ATen, plus one
 function per fused operator that computes the same thing from ``linear``, ``layer_norm``,
@@ -305,6 +308,33 @@ def masked_softmax(
     return torch.softmax(x + _neg_inf_where(masked, x.dtype), dim)
 
 
+def mkldnn_rnn_layer(
+    input, w0, w1, w2, w3, hx_, cx_, reverse, batch_sizes, mode, hidden_size, num_layers,
+    has_biases, bidirectional, batch_first, train,
+):  # fmt: skip
+    """``aten.mkldnn_rnn_layer`` (CPU), one direction of one ``nn.LSTM`` layer, unrolled over
+    the sequence: every step's input projection as one matmul, then per step the recurrent
+    matmul and the gates (i, f, g, o, PyTorch's order). Returns (output, h_n, c_n, an empty
+    workspace); other modes (GRU, RNN), training and packed sequences stay in PyTorch."""
+    if mode != 2 or train or batch_sizes or bidirectional or num_layers != 1:
+        return NotImplemented
+    x = input.transpose(0, 1) if batch_first else input  # (seq, batch, features)
+    xw = torch.matmul(x, w0.t())
+    if has_biases:
+        xw = xw + (w2 + w3)
+    h, c = hx_[0], cx_[0]
+    seq = x.size(0)
+    outs: list[Tensor | None] = [None] * seq
+    for t in reversed(range(seq)) if reverse else range(seq):
+        i, f, g, o = (xw[t] + torch.matmul(h, w1.t())).chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outs[t] = h
+    y = torch.stack(outs, 1 if batch_first else 0)  # type: ignore[arg-type]
+    workspace = torch.empty(0, device=input.device, dtype=torch.uint8)
+    return y, h.unsqueeze(0), c.unsqueeze(0), workspace
+
+
 #: Fused operator → its decomposition (each entry's docstring says which overload it is).
 FUSED_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
@@ -316,6 +346,7 @@ FUSED_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_efficient_attention.default: efficient_attention,
     aten._scaled_dot_product_cudnn_attention.default: cudnn_attention,
     aten._scaled_dot_product_fused_attention_overrideable.default: fused_attention_overrideable,
+    aten.mkldnn_rnn_layer.default: mkldnn_rnn_layer,
 }
 
 #: Core-ATen decompositions polyfuse does not want: it lowers these operators itself.
