@@ -73,7 +73,7 @@ from gpu_artifacts import (  # noqa: E402
     load_cases,
     prepare,
 )
-from gpu_cases import CASES, COMPUTE, PEERS, SUITE, TENSOR_CORE, Ops  # noqa: E402
+from gpu_cases import CASES, COMPUTE, CONFIGURED, PEERS, SPLIT_K, SUITE, TENSOR_CORE, Ops  # noqa: E402
 from gpu_measure import (  # noqa: E402
     CaseResult,
     _peer_outputs,
@@ -94,7 +94,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 __all__ = [
-    "CASES", "COMPUTE", "PEERS", "SUITE", "TENSOR_CORE", "CaseResult", "KernelInfo", "Ops",
+    "CASES", "COMPUTE", "CONFIGURED", "PEERS", "SPLIT_K", "SUITE", "TENSOR_CORE", "CaseResult",
+    "KernelInfo", "Ops",
     "Prepared", "PreparedCase", "_peer_outputs", "bench", "case_program", "check_case_on_host",
     "compile_case", "draw_inputs", "fake_device", "import_runtime", "kernel_kind", "load_cases",
     "overhead", "prepare", "rel_err", "run", "typed",
@@ -108,9 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--run", type=Path, metavar="DIR", help="check and time DIR on the GPU")
     mode.add_argument("--overhead", type=Path, metavar="DIR", help="host overhead per call")
     mode.add_argument("--models", action="store_true", help="whole zoo models (needs islpy)")
-    mode.add_argument(
-        "--tune", action="store_true", help="time the top GEMM tilings (needs islpy)"
-    )
+    mode.add_argument("--tune", action="store_true", help="time the top GEMM tilings (needs islpy)")
     mode.add_argument(
         "--prepare-all", type=Path, metavar="DIR", help="cases + wheels for a GPU day into DIR"
     )

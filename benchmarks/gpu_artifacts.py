@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cases import SUITE, TENSOR_CORE, _compute_args, _example, _flops
+from gpu_cases import CONFIGURED, SUITE, _compute_args, _example, _flops
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The graph whose per-call host overhead --overhead measures: the attention example.
@@ -181,7 +181,7 @@ def _build_case(name: str, scale: int):
     args = _compute_args(name, scale)
     example = _example(name)[0]
     build = _matmul if example == "matmul" else getattr(examples, example)
-    dtype = {"dtype": TENSOR_CORE[name].dtype} if name in TENSOR_CORE else {}
+    dtype = {"dtype": CONFIGURED[name].dtype} if name in CONFIGURED else {}
     inputs, outputs, _ = build(**args, **dtype)
     return inputs, outputs, [], args
 
@@ -206,10 +206,10 @@ def compile_case(
 
     config = dict(config or {})
     extra: dict[str, Any] = {}
-    if name in TENSOR_CORE and mapping is None:
+    if name in CONFIGURED and mapping is None:
         from polyfuse.poly.mapping import MappingConfig
 
-        tc = TENSOR_CORE[name]
+        tc = CONFIGURED[name]
         mapping = MappingConfig(**tc.mapping)
         extra = {"math": tc.math, "peers": list(tc.peers), "mapping": dict(tc.mapping)}
     t0 = time.perf_counter()

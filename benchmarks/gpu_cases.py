@@ -160,6 +160,8 @@ PEERS: dict[str, Callable[..., Any]] = {
         o.conv2d(x, w, 1) + bias[None, :, None, None]
     ),
     "attention_s512_bf16": _attention,
+    "ffn_down_f32": lambda o, a, w: a @ w,
+    "ffn_down_f32_k1": lambda o, a, w: a @ w,
 }
 
 SUITE = (
@@ -188,9 +190,10 @@ COMPUTE: dict[str, tuple[str, dict[str, int]]] = {
 
 @dataclass(frozen=True)
 class TensorCase:
-    """A tensor-core case (issue 23): an example (``matmul``: a plain ``a @ w``) at full size,
-    the dtype of every tensor, the ``MappingConfig`` fields it compiles with, the math that
-    bounds it (``bf16`` / ``tf32``: its floor uses the cuBLAS rate measured in that math) and
+    """A case compiled with its own dtype and mapping (the tensor-core cases of issue 23,
+    split-K): an example (``matmul``: a plain ``a @ w``) at full size, the dtype of every
+    tensor, the ``MappingConfig`` fields it compiles with, the math that bounds it (``bf16`` /
+    ``tf32`` / ``fp32``: its floor uses the cuBLAS rate measured in that math) and
     the peers timed beside it (a stage variant times polyfuse alone: it is compared with its
     sibling)."""
 
@@ -259,13 +262,23 @@ TENSOR_CORE: dict[str, TensorCase] = {
         "attention", COMPUTE["attention_s512"][1], "bfloat16", "bf16", {}, ("eager",)
     ),
 }
-CASES = (*SUITE, *COMPUTE, *TENSOR_CORE)
+#: Split-K (``poly/split_k.py``): BERT-base's FFN down projection (batch 8 x 128 tokens) in
+#: float32, whose one-stage tiles leave SMs idle, at the model's choice (a reduction in parts)
+#: and in one stage (``split_k=1``), beside cuBLAS FP32 (TF32 off).
+_FFN_DOWN = {"m": 1024, "k": 3072, "n": 768}
+SPLIT_K: dict[str, TensorCase] = {
+    "ffn_down_f32": TensorCase("matmul", _FFN_DOWN, "float32", "fp32", {}, ("eager",)),
+    "ffn_down_f32_k1": TensorCase("matmul", _FFN_DOWN, "float32", "fp32", {"split_k": 1}, ()),
+}
+#: every case compiled with its own dtype and mapping fields
+CONFIGURED: dict[str, TensorCase] = {**TENSOR_CORE, **SPLIT_K}
+CASES = (*SUITE, *COMPUTE, *CONFIGURED)
 _BATCH_KEY = {"matmul": "m", "matmul_bias_gelu": "m", "conv2d_relu": "batch", "attention": "batch"}
 
 
 def _example(name: str) -> tuple[str, dict[str, int]]:
-    if name in TENSOR_CORE:
-        return TENSOR_CORE[name].example, TENSOR_CORE[name].args
+    if name in CONFIGURED:
+        return CONFIGURED[name].example, CONFIGURED[name].args
     return COMPUTE[name]
 
 
@@ -282,7 +295,7 @@ def _compute_args(name: str, scale: int) -> dict[str, int]:
 
 def _flops(name: str, args: dict[str, int]) -> float:
     """Multiply-add FLOPs of a compute case (2 per MAC); 0 for the memory-bound suite."""
-    if name not in COMPUTE and name not in TENSOR_CORE:
+    if name not in COMPUTE and name not in CONFIGURED:
         return 0.0
     example = _example(name)[0]
     if example in ("matmul", "matmul_bias_gelu"):

@@ -202,9 +202,29 @@ def test_tensor_core_cases_are_stored_and_checked_in_their_dtypes(tmp_path):
         assert r.rel_err < tol and r.rerun_identical, (case.name, r.rel_err)
 
 
-@pytest.mark.parametrize("name", list(gpu.TENSOR_CORE))
+def test_split_k_cases_time_the_split_beside_one_stage(tmp_path):
+    """The split-K cases (BERT-base's float32 FFN down, batch / 8 here): the model's choice
+    is a partial GEMM and a final sum, the ``split_k=1`` variant one kernel, both fp32 math
+    (the cuBLAS FP32 floor), both correct on the fake driver."""
+    gpu.prepare(tmp_path, list(gpu.SPLIT_K), "sm_90", scale=8, overhead=False)
+    loaded = gpu.load_cases(tmp_path)
+    split, one = loaded.cases
+    assert (split.name, one.name) == ("ffn_down_f32", "ffn_down_f32_k1")
+    assert (split.math, one.math) == ("fp32", "fp32") and (split.peers, one.peers) == (
+        ["eager"],
+        [],
+    )
+    assert (len(split.graph.kernels), len(one.graph.kernels)) == (2, 1)
+    assert split.flops == one.flops == 2.0 * 128 * 3072 * 768
+    device = gpu.fake_device(loaded.cases)
+    for case in (split, one):
+        r = gpu.check_case_on_host(device, case)
+        assert r.rel_err < 1e-5 and r.rerun_identical, (case.name, r.rel_err)
+
+
+@pytest.mark.parametrize("name", list(gpu.CONFIGURED))
 def test_tensor_core_peers_match_the_example_references(name):
-    tc = gpu.TENSOR_CORE[name]
+    tc = gpu.CONFIGURED[name]
     small = {"matmul": {"m": 9, "k": 20, "n": 7}}.get(tc.example, {})
     if tc.example == "matmul":
         a, w = (np.random.default_rng(4).standard_normal(s) for s in ((9, 20), (20, 7)))
