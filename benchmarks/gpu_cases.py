@@ -160,6 +160,8 @@ PEERS: dict[str, Callable[..., Any]] = {
         o.conv2d(x, w, 1) + bias[None, :, None, None]
     ),
     "attention_s512_bf16": _attention,
+    "ffn_down_bf16": lambda o, a, w: a @ w,
+    "ffn_down_bf16_t96x64": lambda o, a, w: a @ w,
     "ffn_down_f32": lambda o, a, w: a @ w,
     "ffn_down_f32_k1": lambda o, a, w: a @ w,
 }
@@ -207,6 +209,8 @@ class TensorCase:
 
 _MM4096 = {"m": 4096, "k": 4096, "n": 4096}
 _FFN = {"m": 8192, "k": 768, "n": 3072}
+#: BERT-base's FFN down projection at batch 8 x 128 tokens
+_FFN_DOWN = {"m": 1024, "k": 3072, "n": 768}
 
 
 def _k(block_k: int, stages: int) -> dict[str, int]:
@@ -225,8 +229,10 @@ def _t(block_m: int, block_n: int, warps_m: int, warps_n: int) -> dict[str, Any]
 #: S = 2..4 (dynamic shared memory past 48 KB), at other block tiles (``_t``: 128x128 of four
 #: 64x64 warps, two blocks per SM, whose barriers the other block hides; of eight 64x32
 #: warps; 256x128), tf32 4096³ (``allow_tf32``; its peers run
-#: with TF32 on), the BERT-base FFN, a conv and attention in bf16. JAX is not timed for them
-#: (its float32 precision is set globally).
+#: with TF32 on), the BERT-base FFN, a conv and attention in bf16, and the BERT-base FFN down
+#: projection (1024 x 768 x 3072: the model's 64x64, 192 blocks on 132 SMs) beside 96x64 (132
+#: blocks; modelled 24.6 against 31.4 us, not among the model's candidates until measured).
+#: JAX is not timed for them (its float32 precision is set globally).
 TENSOR_CORE: dict[str, TensorCase] = {
     "matmul_bf16": TensorCase("matmul", _MM4096, "bfloat16", "bf16"),
     "matmul_bf16_s1": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 1}, ()),
@@ -261,11 +267,14 @@ TENSOR_CORE: dict[str, TensorCase] = {
     "attention_s512_bf16": TensorCase(
         "attention", COMPUTE["attention_s512"][1], "bfloat16", "bf16", {}, ("eager",)
     ),
+    "ffn_down_bf16": TensorCase("matmul", _FFN_DOWN, "bfloat16", "bf16"),
+    "ffn_down_bf16_t96x64": TensorCase(
+        "matmul", _FFN_DOWN, "bfloat16", "bf16", _t(96, 64, 2, 2), ()
+    ),
 }
 #: Split-K (``poly/split_k.py``): BERT-base's FFN down projection (batch 8 x 128 tokens) in
 #: float32, whose one-stage tiles leave SMs idle, at the model's choice (a reduction in parts)
 #: and in one stage (``split_k=1``), beside cuBLAS FP32 (TF32 off).
-_FFN_DOWN = {"m": 1024, "k": 3072, "n": 768}
 SPLIT_K: dict[str, TensorCase] = {
     "ffn_down_f32": TensorCase("matmul", _FFN_DOWN, "float32", "fp32", {}, ("eager",)),
     "ffn_down_f32_k1": TensorCase("matmul", _FFN_DOWN, "float32", "fp32", {"split_k": 1}, ()),

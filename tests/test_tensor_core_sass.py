@@ -28,7 +28,7 @@ def _disassembler() -> bool:
     return True
 
 
-@pytest.mark.slow  # ~25 s on 2 cores: five full-size cases on two archs
+@pytest.mark.slow  # ~30 s on 2 cores: six full-size cases on two archs
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.skipif(not _disassembler(), reason="NVIDIA's disassembler is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -42,7 +42,10 @@ def test_every_tensor_core_case_issues_at_most_two_others_per_hmma(arch):
     looped = [r for r in rows if "hmma" in r]
     # attention's QK^T (64-deep reduction: two k-tiles) is unrolled whole: no loop to count
     assert {r["kernel"] for r in rows if "hmma" not in r} <= {"k0_qk"}, rows
-    assert len(looped) == 5, rows
-    assert all(r["per_hmma"] <= 2.0 for r in looped), [
+    assert len(looped) == 6, rows
+    # BERT-base's FFN down (1024 x 768) takes the small 4-warp tiles that fill the SMs (64x64:
+    # 2.88 / 2.94 others per HMMA on sm_80 / sm_90): at most 3 there
+    bound = {"ffn_down_bf16": 3.0}
+    assert all(r["per_hmma"] <= bound.get(r["case"], 2.0) for r in looped), [
         (r["case"], r["kernel"], r["per_hmma"]) for r in looped
     ]

@@ -228,6 +228,11 @@ def scalar_fill(
         if n % f.nthreads == 0:
             return digit_fill(f, k0, stage, k_inside)
     strided = f.nthreads % inner == 0 and n % f.nthreads == 0
+    blocked = f.layout.blocked and inner % f.layout.row == 0 and outer % 2 == 0
+    if strided and blocked and f.nthreads % (2 * inner) and not f.op.gather and not f.op.k_inner:
+        # one row per trip (a 128-wide tile on 128 threads) puts a warp on two blocks 1 KB
+        # apart (2-way bank conflicts): the element loop in the blocked order below instead
+        strided = False
     if strided:
         w, step = f.layout.row, f.nthreads // inner
         o, i = div(TID, inner), mod(TID, inner)
@@ -240,6 +245,14 @@ def scalar_fill(
             i = add(mul(mod(div(TID, 2 * w), nb), w), mod(TID, w))
         head: list[KNode] = [_let("pf_o", add(o, mul("pf_u", step))), _let("pf_i", i)]
         io, ii = KVar("pf_o"), KVar("pf_i")
+    elif blocked:
+        # the elements in the blocked order above, two rows of one block per 32 lanes (a
+        # 96-wide tile on 128 threads, whose rows the threads do not divide)
+        w = f.layout.row
+        nb = inner // w
+        head = []
+        io = add(mul(div("pf_e", 2 * w * nb), 2), mod(div("pf_e", w), 2))
+        ii = add(mul(mod(div("pf_e", 2 * w), nb), w), mod("pf_e", w))
     else:
         head, io, ii = [], div("pf_e", inner), mod("pf_e", inner)
     if f.op.k_inner:
