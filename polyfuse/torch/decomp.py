@@ -314,25 +314,30 @@ def mkldnn_rnn_layer(
 ):  # fmt: skip
     """``aten.mkldnn_rnn_layer`` (CPU), one direction of one ``nn.LSTM`` layer, unrolled over
     the sequence: every step's input projection as one matmul, then per step the recurrent
-    matmul and the gates (i, f, g, o, PyTorch's order). Returns (output, h_n, c_n, an empty
-    workspace); other modes (GRU, RNN), training and packed sequences stay in PyTorch."""
+    matmul and the gates (i, f, g, o, PyTorch's order). 16-bit layers keep their gates and
+    cell state in float32, as oneDNN does (rounded each step, a bfloat16 cell state drifted to
+    3x eager's error over 5 steps); the matmuls read and write the layer's dtype. Returns
+    (output, h_n, c_n, an empty workspace); other modes (GRU, RNN), training and packed
+    sequences stay in PyTorch."""
     if mode != 2 or train or batch_sizes or bidirectional or num_layers != 1:
         return NotImplemented
+    dtype = input.dtype
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     x = input.transpose(0, 1) if batch_first else input  # (seq, batch, features)
-    xw = torch.matmul(x, w0.t())
+    xw = torch.matmul(x, w0.t()).to(acc)
     if has_biases:
-        xw = xw + (w2 + w3)
-    h, c = hx_[0], cx_[0]
+        xw = xw + (w2.to(acc) + w3.to(acc))
+    h, c = hx_[0], cx_[0].to(acc)
     seq = x.size(0)
     outs: list[Tensor | None] = [None] * seq
     for t in reversed(range(seq)) if reverse else range(seq):
-        i, f, g, o = (xw[t] + torch.matmul(h, w1.t())).chunk(4, 1)
+        i, f, g, o = (xw[t] + torch.matmul(h, w1.t()).to(acc)).chunk(4, 1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        h = (torch.sigmoid(o) * torch.tanh(c)).to(dtype)
         outs[t] = h
     y = torch.stack(outs, 1 if batch_first else 0)  # type: ignore[arg-type]
     workspace = torch.empty(0, device=input.device, dtype=torch.uint8)
-    return y, h.unsqueeze(0), c.unsqueeze(0), workspace
+    return y, h.unsqueeze(0), c.to(dtype).unsqueeze(0), workspace
 
 
 #: Fused operator → its decomposition (each entry's docstring says which overload it is).
