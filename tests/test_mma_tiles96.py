@@ -126,3 +126,24 @@ def test_96x64_is_modelled_faster_for_bert_ffn_down_but_not_taken_unforced():
         return float(note.split("modelled ")[1].split(" us")[0])
 
     assert us(forced) < 0.85 * us(model), (forced, model)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sass_of_scalar_fills_in_the_blocked_order(arch):
+    """1000 x 1001 x 1000 bf16 (rows of 1001: scalar fills of ``b``) per k-tile loop
+    iteration, no spill. Others per k-tile before / after the blocked order (sm_80, sm_90):
+    64x96 264 / 268 -> 214, 64x256 274 / 278 -> 219 (the element loop's divisions by 96 and
+    256 gone); 64x128 194 / 202 -> 216 (the row-per-trip loop kept its column per thread; the
+    blocked order computes it per element), in exchange for half the shared wavefronts of its
+    32 scalar stores per thread and k-tile (2-way conflicts before)."""
+    inputs, out, _, _ = _matmul("bfloat16", 1000, 1001, 1000)
+    for tile, hmma_want, most in (((64, 96, 2, 2), 24, 214), ((64, 256, 1, 4), 64, 219),
+                                  ((64, 128, 2, 2), 32, 216)):  # fmt: skip
+        fn = _compile(inputs, out, tile, arch)
+        (k,) = fn.kernels
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        res = binary.resources[k.function]
+        hmma, _, _, other = hmma_loop(binary, arch, k.function)
+        assert res.spill_stores == res.spill_loads == 0, (tile, res)
+        assert hmma == hmma_want and other <= most, (tile, hmma, other)
