@@ -7,7 +7,8 @@ cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU), the tensorized
 conv's input and weight go through channels-last copies first: the ``channels_last`` graph
 pass; those kernels are named at the end of the line), then the first SASS loop that
 holds HMMA (the k-tile loop's steady state; its fills unrolled): HMMA, LDSM, LDGSTS and the
-other instructions per iteration, other per HMMA (the issue asks at most 2) and per useful HMMA
+other instructions per k-tile (an iteration of a steady state unrolled by its stages runs S
+k-tiles), other per HMMA (the issue asks at most 2) and per useful HMMA
 (those of the block tile inside the GEMM: a 128-row tile on 64 channels computes half zeros),
 registers and spills; and the instrument's hot loop (trip counts applied; ``body`` where the
 k-tile loop was unrolled whole, e.g. a 1x1 conv of two k-tiles). Without NVRTC or nvdisasm it
@@ -51,9 +52,10 @@ def measure(size, case: str, arch: str, dtype: str) -> dict:
     f = parse_listing(find_disassembler().disassemble(binary.image), arch)[k.function]
     out: dict = {"regs": res.registers, "spills": res.spill_stores + res.spill_loads}
     loop = hmma_loop(f)
-    if loop is not None:
-        out["loop"] = {"HMMA": loop.hmma, "LDSM": loop.ldsm, "LDGSTS": loop.ldgsts,
-                       "other": loop.other}  # fmt: skip
+    if loop is not None:  # per k-tile (a steady state unrolled by its stages runs S of them)
+        one = loop.per_ktile()
+        out["loop"] = {"HMMA": one.hmma, "LDSM": one.ldsm, "LDGSTS": one.ldgsts,
+                       "other": one.other, "k-tiles": loop.ktiles}  # fmt: skip
     mix = k.hot.mix
     out["hot"] = (k.hot.kind, mix["HMMA"], mix.total - mix["HMMA"])
     out["copies"] = [c.kernel for c in ks if c is not k]
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             if "loop" in r:
                 lp = r["loop"]
                 line += (
-                    f"k-tile loop per iteration: HMMA {lp['HMMA']}, LDSM {lp['LDSM']}, LDGSTS "
+                    f"k-tile loop per k-tile ({lp['k-tiles']} per iteration): HMMA "
+                    f"{lp['HMMA']}, LDSM {lp['LDSM']}, LDGSTS "
                     f"{lp['LDGSTS']}, other {lp['other']} ({lp['other'] / lp['HMMA']:.2f} per "
                     f"HMMA, {lp['other'] / r['useful_hmma']:.2f} per useful HMMA: {r['tile']} "
                     f"tile, {r['useful']:.0%} of its HMMA on the GEMM)"

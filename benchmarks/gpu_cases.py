@@ -162,6 +162,7 @@ PEERS: dict[str, Callable[..., Any]] = {
     "attention_s512_bf16": _attention,
     "ffn_down_bf16": lambda o, a, w: a @ w,
     "ffn_down_bf16_t96x64": lambda o, a, w: a @ w,
+    "ffn_down_bf16_rolled": lambda o, a, w: a @ w,
     "ffn_down_f32": lambda o, a, w: a @ w,
     "ffn_down_f32_k1": lambda o, a, w: a @ w,
 }
@@ -231,7 +232,9 @@ def _t(block_m: int, block_n: int, warps_m: int, warps_n: int) -> dict[str, Any]
 #: warps; 256x128), tf32 4096³ (``allow_tf32``; its peers run
 #: with TF32 on), the BERT-base FFN, a conv and attention in bf16, and the BERT-base FFN down
 #: projection (1024 x 768 x 3072: the model's 64x64, 192 blocks on 132 SMs) beside 96x64 (132
-#: blocks; modelled 24.6 against 31.4 us, not among the model's candidates until measured).
+#: blocks; modelled 24.6 against 31.4 us, not among the model's candidates until measured) and
+#: beside its steady k-tile loop kept rolled (``_rolled``: stage counters at run time, 2.9
+#: other instructions per HMMA in SASS against 1.7-1.8 unrolled by its 4 stages).
 #: JAX is not timed for them (its float32 precision is set globally).
 TENSOR_CORE: dict[str, TensorCase] = {
     "matmul_bf16": TensorCase("matmul", _MM4096, "bfloat16", "bf16"),
@@ -270,6 +273,9 @@ TENSOR_CORE: dict[str, TensorCase] = {
     "ffn_down_bf16": TensorCase("matmul", _FFN_DOWN, "bfloat16", "bf16"),
     "ffn_down_bf16_t96x64": TensorCase(
         "matmul", _FFN_DOWN, "bfloat16", "bf16", _t(96, 64, 2, 2), ()
+    ),
+    "ffn_down_bf16_rolled": TensorCase(
+        "matmul", _FFN_DOWN, "bfloat16", "bf16", {"mma_stage_unroll": False}, ()
     ),
 }
 #: Split-K (``poly/split_k.py``): BERT-base's FFN down projection (batch 8 x 128 tokens) in

@@ -9,8 +9,10 @@ Each case of ``gpu_cases.TENSOR_CORE`` at full size (the models' choices: bf16 a
 beside them) is compiled for each arch, NVRTC makes the cubin and NVIDIA's disassembler the
 listing (:mod:`polyfuse.cuda.toolchain.sass`); per kernel holding HMMA, its k-tile loop's
 steady state (:func:`polyfuse.cuda.toolchain.sass.hmma_loop`: the first loop holding HMMA,
-every instruction of its blocks once): HMMA, LDSM, LDGSTS, the other instructions and their
-count per HMMA (the issue asks at most 2), registers and spills, and the block tile. An int8
+every instruction of its blocks once; ``k-tiles``: the k-tiles one iteration runs, S where
+the steady state is unrolled by its stages): per k-tile HMMA, LDSM, LDGSTS and the other
+instructions, those per HMMA (the issue asks at most 2), registers and spills, and the block
+tile. An int8
 GEMM (``matmul_int8``: uint8 ``x @ W^T`` 4096³ on ``m16n8k32``) and an int8 conv
 (``conv3x3_int8``: the ResNet conv's shape) are measured beside them, IMMA in the HMMA column. A
 kernel
@@ -107,20 +109,22 @@ def measure(name: str, arch: str) -> list[dict[str, Any]]:
             "spill_bytes": res.spill_stores + res.spill_loads,
         }
         loop = hmma_loop(f)
-        if loop is not None:
-            row.update(hmma=loop.hmma, ldsm=loop.ldsm, ldgsts=loop.ldgsts, other=loop.other,
-                       per_hmma=round(loop.per_hmma, 3))  # fmt: skip
+        if loop is not None:  # per k-tile (a steady state unrolled by its stages holds S)
+            one = loop.per_ktile()
+            row.update(hmma=one.hmma, ldsm=one.ldsm, ldgsts=one.ldgsts, other=one.other,
+                       per_hmma=round(loop.per_hmma, 3), ktiles=loop.ktiles)  # fmt: skip
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("case", "arch", "kernel", "tile", "HMMA", "LDSM", "LDGSTS", "other", "/HMMA",
-            "regs", "spill B")  # fmt: skip
+    head = ("case", "arch", "kernel", "tile", "k-tiles", "HMMA", "LDSM", "LDGSTS", "other",
+            "/HMMA", "regs", "spill B")  # fmt: skip
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
-        loop = ("hmma" in r and (r["hmma"], r["ldsm"], r["ldgsts"], r["other"],
-                                 f"{r['per_hmma']:.2f}")) or ("unrolled",) + ("",) * 4  # fmt: skip
+        loop = ("hmma" in r and (r.get("ktiles", 1), r["hmma"], r["ldsm"], r["ldgsts"],
+                                 r["other"], f"{r['per_hmma']:.2f}")
+                ) or ("unrolled",) + ("",) * 5  # fmt: skip
         cells = (r["case"], r["arch"], r["kernel"], r["tile"], *loop, r["registers"],
                  r["spill_bytes"])  # fmt: skip
         lines.append(" | ".join(map(str, cells)))

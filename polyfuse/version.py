@@ -40,7 +40,8 @@ __version__ = "0.1.0"
 # read other elements; 31: GEMM tile estimates count each access group of an operand read
 # twice (q @ k^T of a merged qkv) and price 16-byte cp.async fills as bypassing the L1; the
 # IR estimate counts select-free updates as lowered; a 1x1 micro-tile's register fragments
-# load before their statement; short x-reduces filling the GPU run serially per thread), so
-# kernels and schedules cached
+# load before their statement; short x-reduces filling the GPU run serially per thread; 32:
+# tensor-core scalar fills in the blocked order; 33: a pipelined tensor-core kernel's steady
+# state unrolled by its stages where the registers allow), so kernels and schedules cached
 # by an older compiler miss.
-CODEGEN_REVISION = 32
+CODEGEN_REVISION = 33

@@ -6,10 +6,11 @@ import pytest
 
 
 def hmma_loop(binary, arch: str, function: str | None = None) -> tuple[int, int, int, int]:
-    """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop (in block order) of
-    ``binary`` (one kernel, or its function ``function``) that holds HMMA: the k-tile loop's
-    steady state (:func:`polyfuse.cuda.toolchain.sass.hmma_loop`). Skips the test when
-    NVIDIA's disassembler is not installed."""
+    """(HMMA, LDSM, LDGSTS, other instructions) per k-tile of the first SASS loop (in block
+    order) of ``binary`` (one kernel, or its function ``function``) that holds HMMA: the
+    k-tile loop's steady state (:func:`polyfuse.cuda.toolchain.sass.hmma_loop`; a steady
+    state unrolled by its stages counted per k-tile, :meth:`~polyfuse.cuda.toolchain.sass.
+    loops.HmmaLoop.per_ktile`). Skips the test when NVIDIA's disassembler is not installed."""
     from polyfuse.cuda.toolchain.sass import (
         DisassemblerNotFound,
         find_disassembler,
@@ -26,4 +27,5 @@ def hmma_loop(binary, arch: str, function: str | None = None) -> tuple[int, int,
     loop = hmma_loop(f)
     if loop is None:
         raise AssertionError("no loop holds HMMA")
+    loop = loop.per_ktile()
     return loop.hmma, loop.ldsm, loop.ldgsts, loop.other

@@ -86,9 +86,11 @@ def test_96_wide_tiles_at_aligned_sizes_fill_by_cp_async_without_bank_conflicts(
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_sass_of_96_wide_tiles(arch):
-    """1024 x 1152 x 1024 bf16 per k-tile loop iteration, no spill: 64x96 and 96x64, 24
-    HMMA, 10 LDSM, 5 LDGSTS, 55-60 others (1 HMMA per 2.3-2.5); 128x96 and 96x128, 48 HMMA,
-    14 LDSM, 7 LDGSTS, 65-72 others (1 per 1.4-1.5, the issue's 1 per 2), 194-204 registers."""
+    """1024 x 1152 x 1024 bf16 per k-tile, no spill: 64x96 and 96x64, 24 HMMA, 10 LDSM, 5
+    LDGSTS, 55-60 others (1 HMMA per 2.3-2.5); 128x96 and 96x128, 48 HMMA, 14 LDSM, 7 LDGSTS,
+    65-72 others (1 per 1.4-1.5, the issue's 1 per 2), 194-204 registers. Now their steady
+    states are unrolled by their stages (no stage counters): 33-43 others (1.4-1.8) and 43-60
+    (0.9-1.25), 146-168 and 232-254 registers."""
     inputs, out, _, _ = _matmul("bfloat16", 1024, 1152, 1024)
     for tile in TILES96:
         fn = _compile(inputs, out, tile, arch)
@@ -99,7 +101,7 @@ def test_sass_of_96_wide_tiles(arch):
         assert res.spill_stores == res.spill_loads == 0, (tile, res)
         big = tile[0] * tile[1] > 96 * 64
         assert (hmma, ldsm, ldgsts) == ((48, 14, 7) if big else (24, 10, 5)), (tile, hmma)
-        assert other <= (1.6 if big else 2.6) * hmma, (tile, hmma, other)
+        assert other <= (1.3 if big else 2.0) * hmma, (tile, hmma, other)
 
 
 def test_an_odd_k_tile_count_and_96_rows_run_the_pipelined_loop():

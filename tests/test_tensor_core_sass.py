@@ -44,8 +44,8 @@ def test_every_tensor_core_case_issues_at_most_two_others_per_hmma(arch):
     assert {r["kernel"] for r in rows if "hmma" not in r} <= {"k0_qk"}, rows
     assert len(looped) == 6, rows
     # BERT-base's FFN down (1024 x 768) takes the small 4-warp tiles that fill the SMs (64x64:
-    # 2.88 / 2.94 others per HMMA on sm_80 / sm_90): at most 3 there
-    bound = {"ffn_down_bf16": 3.0}
-    assert all(r["per_hmma"] <= bound.get(r["case"], 2.0) for r in looped), [
+    # 2.88 / 2.94 others per HMMA on sm_80 / sm_90 until its steady state was unrolled by its
+    # stages; 1.70 / 1.83 since)
+    assert all(r["per_hmma"] <= 2.0 for r in looped), [
         (r["case"], r["kernel"], r["per_hmma"]) for r in looped
     ]

@@ -376,18 +376,21 @@ def test_sass_conv3x3_k_tile_loop(arch):
     (``channels_last`` pass: NHWC / OHWI copies): 4 LDGSTS (two 16-byte chunks per tile and
     thread), pipelined; 80 / 88 others, 1 HMMA per 5.0 / 5.5. Now each input chunk's row
     offset and padding mask are computed before the loop and the chunks' shared destinations
-    step from one pointer: 64 / 73 others, 1 HMMA per 4.0 / 4.6. The issue's 1 per 2 is NOT
-    reached at this tile: 16 HMMA per k-tile against 8 LDSM, 4 LDGSTS, the barrier, the
-    pipeline's waits and the k-tile's split of k into (kh, kw, c).
+    step from one pointer: 64 / 73 others, 1 HMMA per 4.0 / 4.6. Now the steady state is
+    unrolled by its 4 stages (``tensorize_fragments.stage_unroll``: constant stage offsets, no
+    stage counters; counted per k-tile): 46 / 48 at 128 channels, 1 HMMA per 2.9 / 3.0. The
+    issue's 1 per 2 is NOT reached at this tile: 16 HMMA per k-tile against 8 LDSM, 4 LDGSTS,
+    the barrier, the pipeline's waits and the k-tile's split of k into (kh, kw, c).
 
     Measured at 128 input channels (36 k-tiles): once the fills test no row (the tiles cover
     the 128 output channels and the 3136 columns exactly) NVVM unrolls the 15 steady-state
     k-tiles of the 64-channel conv whole on sm_80, leaving no loop to count; at 128 channels
-    the loop stays, 63 / 68 others (the 64-channel loop was 64 / 73 with the row tests)."""
+    the loop stays, 63 / 68 others (the 64-channel loop was 64 / 73 with the row tests); 46 /
+    48 unrolled by its stages."""
     size = (2, 128, 128, 56, 56)
     hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch, size)
     assert (hmma, ldsm, ldgsts, spills) == (16, 8, 4, 0), (hmma, ldsm, ldgsts, other, spills)
-    assert other <= 4.5 * hmma, (hmma, other)
+    assert other <= 3.25 * hmma, (hmma, other)
     assert any(n.startswith("tensor cores: reduction flattened in the order (1, 2, 0)")
                for n in notes), notes  # fmt: skip
     # the NCHW path (the pass off): scalar copies, as before

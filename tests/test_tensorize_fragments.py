@@ -129,7 +129,9 @@ def test_the_pass_text_before_and_after():
     now = at("pf_fa[((pf_ks / 16) & 1)][pf_i], &pf_fb[((pf_ks / 16) & 1)][(pf_j / 2)]", ahead)
     wait = at("__pipeline_wait_prior(1);", now)
     barrier = at("__syncthreads();  // ... for every thread; k-tile pf_kt is read", wait)
-    stage = at("pf_sa = (s_a + (pf_rs * ", barrier)
+    # the next k-tile's stage: a constant once the steady loop is unrolled by its 3 stages
+    assert "  #pragma unroll 3\n  for (int pf_kt = 0;" in after
+    stage = at("pf_sa = (s_a + (((pf_kt + 1) % 3) * ", barrier)
     first = at("pf_ldmatrix_x4(pf_fa[0][pf_i], &pf_sa[", stage)
     last = at("pf_fa[1][pf_i], &pf_fb[1][(pf_j / 2)]", first)
     # the last k-step's mma: its loop's lines (the mma, two closing braces) end the k-tile

@@ -270,7 +270,10 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
     constant step (``lower_mma_chunk_dst``): 70 / 76 others (1.09 / 1.19), 128x64 59 (1.84),
     64x64 48 (3.0). Without the fills' row tests (both tiles cover their rows exactly) 64x64
     on sm_90 takes 52 (3.25): 5 SEL fewer, ptxas recomputing the chunk addresses instead (9
-    more IADD3/IMAD), for fewer registers; the others unchanged."""
+    more IADD3/IMAD), for fewer registers; the others unchanged. Now 64x64's steady state is
+    unrolled by its stages (``tensorize_fragments.stage_unroll``; 128x256's registers keep it
+    rolled): no stage counters, every stage's shared offsets constants, 25 / 25 others per
+    k-tile (1.56)."""
     hmma, ldsm, ldgsts, other = _hot_loop(4096, 4096, 4096, arch, None)
     # 2 k-steps of 4x8 mma tiles: A 4 ldmatrix.x4, B 4 x4 (two mma tiles each); 2 + 4 chunks
     assert (hmma, ldsm, ldgsts) == (64, 16, 6)
@@ -279,7 +282,7 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
     # 64x64 (sm_80 took 128x64 until the tile model weighed waves: its 128 blocks run two
     # rounds on 20 of 108 SMs)
     assert (hmma, ldsm, ldgsts) == (16, 8, 4)
-    assert other <= 3.25 * hmma, (hmma, other)
+    assert other <= 2 * hmma, (hmma, other)
 
 
 @pytest.mark.slow

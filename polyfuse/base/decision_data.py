@@ -264,6 +264,8 @@ class TensorCoreData(DecisionData):
     tile_bytes: list[int] = field(default_factory=list)
     #: register fragment buffers (2: double-buffered across the k-steps)
     fragment_buffers: int = 1
+    #: the steady k-tile loop unrolled by its shared stages
+    stage_unroll: bool = False
 
 
 @dataclass(frozen=True, eq=False)

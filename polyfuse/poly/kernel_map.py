@@ -52,7 +52,7 @@ from polyfuse.poly.policy import (
 from polyfuse.poly.promote import build_gemm_kernel
 from polyfuse.poly.schedule import Feedback, ScheduledMicrograph, halves, micrograph_label
 from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
-from polyfuse.poly.tensorize_fragments import with_fragment_buffers
+from polyfuse.poly.tensorize_fragments import with_fragment_buffers, with_stage_unroll
 from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
@@ -89,7 +89,8 @@ def map_kernel(
     tc_args = (bk, tile, FORCED_MMA_TILE if tile else "")
     tf32 = map_tensor_core(sm, device, cfg.gemm_stages, True, *tc_args) if cfg.allow_tf32 else None
     if isinstance(tf32, TensorCoreKernel):
-        return with_fragment_buffers(tf32, device, cfg.mma_fragment_buffers)
+        tf32 = with_fragment_buffers(tf32, device, cfg.mma_fragment_buffers)
+        return with_stage_unroll(tf32, device, cfg.mma_stage_unroll)
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if gemm is not None and not isinstance(gemm, Refusal):
         if tf32:
@@ -99,7 +100,8 @@ def map_kernel(
     half = gemm is not None and gemm.reason == HALF_OPERANDS
     tensorized = map_tensor_core(sm, device, cfg.gemm_stages, False, *tc_args) if half else None
     if isinstance(tensorized, TensorCoreKernel):
-        return with_fragment_buffers(tensorized, device, cfg.mma_fragment_buffers)
+        tensorized = with_fragment_buffers(tensorized, device, cfg.mma_fragment_buffers)
+        return with_stage_unroll(tensorized, device, cfg.mma_stage_unroll)
     mapped = map_to_gpu(sm, cfg, device)
     if gemm is not None:  # a contraction the GEMM path declined: the plan says why
         mapped.notes.append(refusal_note(DecisionKind.GEMM_TILE, f"no GEMM tiling: {gemm}", gemm))

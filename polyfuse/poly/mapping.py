@@ -47,6 +47,9 @@ class MappingConfig:
     # tensorized GEMMs: register fragment buffers over the k-steps (2: double-buffered, 1:
     # not); None = decided by the register budget (poly/tensorize_fragments.py)
     mma_fragment_buffers: int | None = None
+    # tensorized, pipelined GEMMs: the steady k-tile loop unrolled by its stages (True) or
+    # rolled with stage counters (False); None = decided by the register budget (ibid.)
+    mma_stage_unroll: bool | None = None
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
     #: float32 GEMMs on tf32 tensor cores (mma.sync.m16n8k8: 10 mantissa bits per operand,
     #: float32 accumulators); off by default like torch's allow_tf32 (poly/tensorize.py)

@@ -118,6 +118,9 @@ class TensorCoreKernel(MappedKernel):
     fold: int | None = None
     #: register fragment buffers (2: double-buffered across the k-steps, tensorize_fragments)
     fragment_buffers: int = 1
+    #: the steady k-tile loop unrolled by its stages (constant stage offsets,
+    #: tensorize_fragments.stage_unroll)
+    stage_unroll: bool = False
     #: B's dtype where it differs from A's (``dtype``): uint8 x int8 on ``m16n8k32``
     b_dtype: str = ""
 

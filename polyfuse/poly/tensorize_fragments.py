@@ -14,6 +14,15 @@ registers); :func:`choose_fragment_buffers` takes two buffers where that stays i
 register budget and the k-tile loop has the shape the second level needs, else one, with the
 reason either way (a plan note of kind ``register fragment``; the tensorize record's
 ``fragment_buffers``).
+
+The same register budget decides whether a pipelined kernel's steady k-tile loop is unrolled by
+its S stages (:func:`stage_unroll`): then every stage a k-tile reads or fills is a constant
+(``(kt + i) mod S`` of an unrolled loop, folded by NVRTC) instead of two wrapping counters
+whose products with the stage size are added to each shared address at run time — 12-14
+SASS instructions of a k-tile that issues 16 HMMA on a 64x64 tile of four warps (BERT-base's
+FFN down: 2.88 non-HMMA instructions per HMMA rolled, 1.70 unrolled, sm_80). The price is
+registers (each stage's addresses live at once); tiles whose 64x64 warp tiles already take
+most of them stay rolled.
 """
 
 from __future__ import annotations
@@ -34,6 +43,15 @@ KINDS = (DecisionKind.TENSOR_CORES, DecisionKind.REGISTER_FRAGMENT)
 #: NVRTC 13.0: the 128x256x32 bf16 tile, modelled 232, took 246 (sm_80) / 250 (sm_90)) and per
 #: k-step past two (its 64-deep k-tile, and tf32's 32-deep one, spilled 24-276 bytes at 255)
 PTXAS_MARGIN, PTXAS_PER_STEP = 18, 12
+
+
+#: registers the steady state unrolled by its stages keeps past the rolled loop's model
+#: (NVRTC 13.0: attention's PV at 128x64 of four 64x32 warps, double-buffered, modelled 170,
+#: took 196 unrolled on sm_90; the 64x64 tile of four warps, 122, took 124). The 64x64-warp
+#: tiles stay rolled with it: unrolled they took all 255 registers and spilled 8-240 bytes
+#: (4096^3 at S = 3, the 3x3 conv, attention, double-buffered at a modelled 250; 4096^3 with
+#: single-buffered fragments, modelled 218, spilled 8 bytes on sm_90)
+UNROLL_MARGIN = 40
 
 
 def ptxas_margin(steps: int) -> int:
@@ -114,20 +132,73 @@ def fragment_buffers(
     )
 
 
+def stage_unroll(
+    tk: TensorCoreKernel, device: DeviceSpec, forced: bool | None = None
+) -> tuple[bool, str]:
+    """Whether ``tk``'s steady k-tile loop is unrolled by its stages (see the module doc) and
+    why ("" where there are no stages to unroll); ``forced``: asked by the user
+    (``MappingConfig.mma_stage_unroll``)."""
+    t = tk.tiling
+    assert t is not None
+    if not tk.vector_fill or tk.stages < 2:
+        return False, ""
+    if forced is False:
+        return False, "steady k-tile loop rolled (forced: mma_stage_unroll=False)"
+    steps = t.block_k // t.mma_k
+    double = fragment_registers(t) if tk.fragment_buffers == 2 else 0
+    need = t.registers + double + fold_registers(tk) + ptxas_margin(steps)
+    total = need + UNROLL_MARGIN
+    figures = f"{need} + {UNROLL_MARGIN} (unrolled) = {total} modelled registers"
+    if forced is None and total > device.max_regs_per_thread:
+        return False, (
+            f"steady k-tile loop rolled, its stages counted at run time: unrolled by its "
+            f"{tk.stages} stages, {figures} > {device.max_regs_per_thread} per thread"
+        )
+    how = "forced" if forced else "the register model"
+    return True, (
+        f"steady k-tile loop unrolled by its {tk.stages} stages ({how}): every stage read and "
+        f"filled at a constant shared offset, no stage counters; {figures} "
+        f"{'>' if total > device.max_regs_per_thread else '<='} "
+        f"{device.max_regs_per_thread} per thread"
+    )
+
+
+def _decided(tk: TensorCoreKernel, why: str, made: bool, **fields) -> TensorCoreKernel:
+    """``tk`` with ``fields`` set, on the kernel and in its tensorize record's data, and the
+    note ``why`` (``made``: a decision taken, else a refusal) after its notes."""
+    note = noted(KINDS, f"tensor cores: {why}", tk.scheduled.name, made=made)
+    layout = tk.layout
+    if layout is not None and isinstance(layout.data, TensorCoreData):
+        layout = replace(layout, data=replace(layout.data, **fields))
+        notes = [DecisionNote(layout), *tk.notes[1:], note]
+    else:
+        notes = [*tk.notes, note]
+    return replace(tk, **fields, layout=layout, notes=notes)
+
+
+def with_stage_unroll(
+    tk: TensorCoreKernel, device: DeviceSpec, forced: bool | None = None
+) -> TensorCoreKernel:
+    """``tk`` with its steady loop's unroll decided (:func:`stage_unroll`): the flag, the
+    note (none without stages) and the tensorize record's ``stage_unroll``."""
+    unroll, why = stage_unroll(tk, device, forced)
+    return _decided(tk, why, unroll, stage_unroll=unroll) if why else tk
+
+
 def with_fragment_buffers(
     tk: TensorCoreKernel, device: DeviceSpec, forced: int | None = None
 ) -> TensorCoreKernel:
     """``tk`` with its fragment buffers decided (:func:`fragment_buffers`): the note, and the
     count in the tensorize record's data."""
     n, why = fragment_buffers(tk, device, forced)
-    note = noted(KINDS, f"tensor cores: {why}", tk.scheduled.name, made=n == 2)
-    layout = tk.layout
-    if layout is not None and isinstance(layout.data, TensorCoreData):
-        layout = replace(layout, data=replace(layout.data, fragment_buffers=n))
-        notes = [DecisionNote(layout), *tk.notes[1:], note]
-    else:
-        notes = [*tk.notes, note]
-    return replace(tk, fragment_buffers=n, layout=layout, notes=notes)
+    return _decided(tk, why, n == 2, fragment_buffers=n)
 
 
-__all__ = ["fold_registers", "fragment_buffers", "fragment_registers", "with_fragment_buffers"]
+__all__ = [
+    "fold_registers",
+    "fragment_buffers",
+    "fragment_registers",
+    "stage_unroll",
+    "with_fragment_buffers",
+    "with_stage_unroll",
+]

@@ -38,7 +38,7 @@ from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.policy import smem_itemsize
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
-from polyfuse.poly.tensorize_fragments import with_fragment_buffers
+from polyfuse.poly.tensorize_fragments import with_fragment_buffers, with_stage_unroll
 from polyfuse.poly.tensorize_tiling import TILINGS
 from polyfuse.stitch.gemm_rows import (
     RowsPlan,
@@ -104,7 +104,8 @@ def _tensorize(
         tk = map_tensor_core(sm, device, cfg.gemm_stages, False, cfg.mma_block_k, tiling, reason)
     if isinstance(tk, Refusal):
         return tk
-    return with_fragment_buffers(tk, device, cfg.mma_fragment_buffers)
+    tk = with_fragment_buffers(tk, device, cfg.mma_fragment_buffers)
+    return with_stage_unroll(tk, device, cfg.mma_stage_unroll)
 
 
 def mma_tile_footprint(tk: TensorCoreKernel, tensor: str) -> tuple[isl.Set, list] | Refusal:

@@ -566,14 +566,18 @@ def ir_work(
 
 def mma_loops(body: tuple[KNode, ...] | list[KNode]) -> list[KFor]:
     """The loops of ``body`` whose iterations are a tensor-core kernel's k-steps: the
-    innermost loops (not unrolled) that hold ``mma`` instructions. What a block does outside
-    them (fills before, epilogue after; everything, where every k-step is unrolled) is its
-    tail (:attr:`Work.tail`)."""
+    innermost loops (not unrolled whole: a steady state unrolled by its stages is one) that
+    hold ``mma`` instructions. What a block does outside them (fills before, epilogue after;
+    everything, where every k-step is unrolled) is its tail (:attr:`Work.tail`)."""
+
+    def looped(n: KFor) -> bool:
+        return (not n.unroll or n.unroll_by > 1) and bool(nodes_of(n.body, KMma))
+
     out: list[KFor] = []
     for n in nodes_of(body, KFor):
-        if n.unroll or not nodes_of(n.body, KMma):
+        if not looped(n):
             continue
-        inner = [i for i in nodes_of(n.body, KFor) if not i.unroll and nodes_of(i.body, KMma)]
+        inner = [i for i in nodes_of(n.body, KFor) if looped(i)]
         if not inner:
             out.append(n)
     return out

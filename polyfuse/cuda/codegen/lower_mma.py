@@ -194,11 +194,10 @@ def lower_mma_ir(
     if tk.vector_fill:  # what the fills compute once (a gather's masks)
         body += [n for f in fills for n in fill_setup(f)]
     if tk.fragment_buffers == 2:  # ALCOP's second level: lower_mma_fragments
-        body += double_buffered_loop(fills, bases, step, stages, lk, k_tiles)
+        body += double_buffered_loop(fills, bases, step, stages, lk, k_tiles, tk.stage_unroll)
     else:
-        body += k_tile_loop(
-            fills, bases, single_buffered(step), stages, tk.vector_fill, lk, k_tiles
-        )
+        body += k_tile_loop(fills, bases, single_buffered(step), stages, tk.vector_fill, lk,
+                            k_tiles, tk.stage_unroll)  # fmt: skip
     if stored:
         body.append(KBarrier(Scope.BLOCK, READ_NOTE))
     nest, note = epilogue(tk, batch, as_global, idents, namer, hm, hn)

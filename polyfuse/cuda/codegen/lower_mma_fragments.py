@@ -59,12 +59,14 @@ from polyfuse.cuda.codegen.kernel_walk import KExprMapper
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill
 from polyfuse.cuda.codegen.lower_mma_pipeline import (
     Bases,
-    advance,
+    advances,
     ahead_fills,
     k_tile,
     pointer_lets,
     prologue,
+    stage,
     stage_pointers,
+    steady_loop,
 )
 
 
@@ -142,18 +144,17 @@ def double_buffered_loop(
     stages: int,
     k_lo: int,
     k_tiles: int,
+    unrolled: bool = False,
 ) -> list[KNode]:
     """The k-tile loop of an S-stage (S >= 2) cp.async pipeline with double-buffered
-    fragments (the module doc); ``fills``, ``bases``, ``k_lo`` and ``k_tiles`` as for
-    :func:`polyfuse.cuda.codegen.lower_mma_pipeline.k_tile_loop` (its steady state fills
-    without a k guard, its rolled tail with one)."""
+    fragments (the module doc); ``fills``, ``bases``, ``k_lo``, ``k_tiles`` and ``unrolled``
+    as for :func:`polyfuse.cuda.codegen.lower_mma_pipeline.k_tile_loop` (its steady state
+    fills without a k guard, its rolled tail with one)."""
     assert stages >= 2 and step.steps % 2 == 0, (stages, step.steps)
     bk, mk = step.block_k, step.mma_k
     ahead = stages - 1
     wait = lower_mma_pipeline.wait_pending(stages)
     now, last = mma_buffers(step)
-    pointers = stage_pointers(fills, bases)
-    point = [KAssign(KRef(b), v) for b, v in pointers]
     full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
     zero = KInt(0)
     first = buffered(step, step.loads, zero, zero)  # k-step 0 into buffer 0
@@ -164,17 +165,19 @@ def double_buffered_loop(
         ahead_loads = buffered(step, step.loads, band(add(div("pf_ks", mk), 1), 1),
                                add("pf_ks", mk))  # fmt: skip
         steps = (*ahead_loads, *buffered(step, step.mma, now, KVar("pf_ks")))
+        at = unrolled and inside
+        # the next k-tile's stage, read from here on
+        pointers = stage_pointers(fills, bases, stage("pf_rs", 1, stages, at))
         return [
             KLet("pf_k0", add(k_lo, mul("pf_kt", bk))),
-            ahead_fills(fills, ahead, bk, k_tiles, inside),
+            ahead_fills(fills, ahead, bk, k_tiles, inside, stage("pf_ws", ahead, stages, at)),
             KCommit(lower_mma_pipeline.ONE_GROUP),
             # all k-steps but the last
             KFor("pf_ks", zero, cmp("<", "pf_ks", bk - mk), mk, steps, unroll=True),
             KWait(wait, "k-tile pf_kt + 1 has landed"),
             KBarrier(Scope.BLOCK, "... for every thread; k-tile pf_kt is read"),
-            advance("pf_rs", stages),
-            advance("pf_ws", stages),
-            *point,
+            *advances(stages, at),
+            *[KAssign(KRef(b), v) for b, v in pointers],
             *(first if inside else [KIf(cmp("<", add("pf_kt", 1), k_tiles), tuple(first))]),
             *buffered(step, step.mma, last, KInt(bk - mk)),
         ]
@@ -188,7 +191,7 @@ def double_buffered_loop(
           for i, r in enumerate(step.fragments)],
         *pointer_lets(fills, bases),
         *first,
-        *k_tile(0, main, body(True)),
+        *steady_loop(0, main, body(True), stages, ahead, unrolled, main < k_tiles),
         *k_tile(main, k_tiles, body(False), True),
     ]
 

@@ -359,17 +359,26 @@ class HmmaLoop:
     """One iteration of a tensor-core kernel's k-tile loop, every instruction of its blocks
     counted once (issue 23's "HMMA per non-HMMA" figure): HMMA (and IMMA, the byte
     operands' mma), LDSM, LDGSTS and the rest (``other``: every other instruction, the LDSM
-    and LDGSTS included)."""
+    and LDGSTS included); ``ktiles``: the k-tiles one iteration runs (its ``cp.async`` commit
+    groups, one per k-tile: S where the steady state is unrolled by its stages; 1 without
+    any)."""
 
     hmma: int
     ldsm: int
     ldgsts: int
     other: int
+    ktiles: int = 1
 
     @property
     def per_hmma(self) -> float:
         """Non-HMMA instructions per HMMA."""
         return self.other / self.hmma
+
+    def per_ktile(self) -> HmmaLoop:
+        """The counts of one k-tile (``other`` rounded up where the iteration's k-tiles do not
+        share it evenly)."""
+        u = self.ktiles
+        return HmmaLoop(self.hmma // u, self.ldsm // u, self.ldgsts // u, -(-self.other // u))
 
 
 def hmma_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HmmaLoop | None:
@@ -382,5 +391,6 @@ def hmma_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HmmaLoop | N
         if hmma:
             ldsm = sum(o.startswith("LDSM") for o in ops)
             ldgsts = sum(o.startswith("LDGSTS") for o in ops)
-            return HmmaLoop(hmma, ldsm, ldgsts, len(ops) - hmma)
+            commits = sum(o.startswith("LDGDEPBAR") for o in ops)
+            return HmmaLoop(hmma, ldsm, ldgsts, len(ops) - hmma, max(1, commits))
     return None
