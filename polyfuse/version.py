@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 # IR estimate counts select-free updates as lowered; a 1x1 micro-tile's register fragments
 # load before their statement; short x-reduces filling the GPU run serially per thread; 32:
 # tensor-core scalar fills in the blocked order; 33: a pipelined tensor-core kernel's steady
-# state unrolled by its stages where the registers allow), so kernels and schedules cached
+# state unrolled by its stages where the registers allow; 34: row-guarded tensor-core chunks
+# address a clamped row in the steady state), so kernels and schedules cached
 # by an older compiler miss.
-CODEGEN_REVISION = 33
+CODEGEN_REVISION = 34

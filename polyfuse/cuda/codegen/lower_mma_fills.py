@@ -379,28 +379,35 @@ def chunk_fill(
     assert f.outer % 8 == 0 and chunks % f.nthreads == 0, (f.outer, chunks, f.nthreads)
     col = mul(f.chunk, "pf_q")
     count: KExpr
+    # a k-tile inside the reduction whose only guard is the row's: a chunk past the last row
+    # reads nothing from a clamped row (the last; for chunks along the row, its last whole
+    # chunk: 16-byte aligned), so the address needs no select and stays affine in the k-tile
+    # (the row test is loop-invariant, hoisted out of the k-tile loop)
+    clamp = k_inside and not f.rows_exact
     if f.op.k_inner:  # tile row: m or n; chunks run along k
         r, k = add(f.row0, "pf_t"), add(k0, col)
         inside = KInt(f.chunk) if k_inside else sub(f.k_hi + 1, "pf_k")
-        count = select(f.row_guard(), inside, 0)
+        count = select(cmp("<=", r, f.row_hi) if clamp else f.row_guard(), inside, 0)
+        last = f.row_hi
     else:  # tile row: k; chunks run along m or n
         r, k = add(f.row0, col), add(k0, "pf_t")
-        count = KInt(f.chunk) if f.rows_exact else sub(f.row_hi + 1, "pf_r")
+        count = KInt(f.chunk) if f.rows_exact else sub(f.row_hi + 1, r)
         if not k_inside:
             count = select(cmp("<=", "pf_k", f.k_hi), count, 0)
+        last = f.row_hi - f.row_hi % f.chunk
     n = KVar("pf_n")
     first, dst = chunk_destination(f, stage)
+    source = f.offset() if clamp else select(cmp(">", n, 0), f.offset(), 0)
     body = [
         _let("pf_c", add(TID, mul("pf_u", f.nthreads))),
         _let("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8))),
         _let("pf_q", mod(div("pf_c", 8), per_row)),
-        _let("pf_r", r),
+        _let("pf_r", select(cmp(">", r, last), last, r) if clamp else r),
         _let("pf_k", k),
         KLet("pf_n", count, const=False),
         # the elements inside, clamped to the chunk
         KAssign(KRef("pf_n"), select(cmp("<", n, 0), 0, select(cmp(">", n, f.chunk), f.chunk, n))),
-        KChunkCopy(dst, KRef(f.src, (select(cmp(">", n, 0), f.offset(), 0),)),
-                   mul(f.itemsize, n)),
+        KChunkCopy(dst, KRef(f.src, (source,)), mul(f.itemsize, n)),
     ]  # fmt: skip
     loop = _loop("pf_u", chunks // f.nthreads, body)
     if not first:
