@@ -13,25 +13,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
-from polyfuse.cuda.toolchain.compiler import available_compilers
-from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, find_disassembler
+from kernel_checks import require_sass_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
-def _disassembler() -> bool:
-    try:
-        find_disassembler()
-    except DisassemblerNotFound:
-        return False
-    return True
-
-
-@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
-@pytest.mark.skipif(not _disassembler(), reason="NVIDIA's disassembler is not installed")
 def test_bert_base_bf16_tensor_core_loops_on_sm_90():
+    require_sass_tools()
     import zoo_sass
 
     rows = zoo_sass.model_kernels("bert_base", "sm_90")
@@ -45,13 +33,12 @@ def test_bert_base_bf16_tensor_core_loops_on_sm_90():
     assert sum(r["per_hmma"] <= 2.0 for r in small) >= 36, small
 
 
-@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
-@pytest.mark.skipif(not _disassembler(), reason="NVIDIA's disassembler is not installed")
 def test_vit_b16_bf16_row_guarded_projections_on_sm_90():
     """ViT-B/16's 1576 token rows (8 x 197) leave the last 64-row tile partial: its 64x64
     projections and FFN down were at 2.53 other instructions per HMMA with a select on every
     chunk's address, 1.83 with the clamped row; 26 of 62 k-tile loops over 2 (50 before),
     none spills."""
+    require_sass_tools()
     import zoo_sass
 
     rows = zoo_sass.model_kernels("vit_b16", "sm_90")
