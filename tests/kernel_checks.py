@@ -89,14 +89,28 @@ def torch_matches_eager(fn: Any, *args: Any, atol: float = 1e-8) -> dict[str, An
         return last_compiled().polyfuse_report
 
 
+def site_text(lines: Sequence[str], s: Any) -> str:
+    """The kernel-source line of emulator bank site ``s`` (``lines``: the source's). A site
+    whose line the library's line table does not give (GCC keeps none for code it merges
+    from two source lines) is named by its kind where its direction and width tell it: a
+    16-byte write is a ``cp.async`` (``pf_cp_async16(``), a 16-byte read an ``ldmatrix``
+    row; else empty. Checks that such sites are conflict-free only get stricter."""
+    if s.line is not None:
+        return lines[s.line - 1]
+    return {("write", 16): "pf_cp_async16(", ("read", 16): "pf_ldmatrix"}.get(
+        (s.access, s.width), ""
+    )
+
+
 def bank_sites(fn: Any, arrays: Sequence[Any]) -> tuple[Any, list[Any], list[Any]]:
     """(result, cp.async write sites, ldmatrix read sites) of one emulator run of ``fn`` on
     ``arrays`` under the shared-memory bank counter (``race_check="banks"``)."""
     got = fn(*arrays, race_check="banks")
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks]
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+
+    copies = [s for s in sites if "pf_cp_async16(" in site_text(lines, s)]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
     return got, copies, loads
 
 

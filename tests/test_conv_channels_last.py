@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pytest
 from hmma_loops import hmma_loop
+from kernel_checks import site_text
 from test_tensorize_conv import CASES, RNG, _banks, _conv, _np_conv, _run_all_modes
 
 import polyfuse
@@ -67,8 +68,8 @@ def test_channels_last_conv_fills_by_gathered_chunks_and_matches_float64(dtype, 
     assert ("for (int pf_d0 = 0; (pf_d0 <= 2); pf_d0 += 1)" in k.source) == bool(pad)
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, dtype)
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    copies = [s for s in sites if "pf_cp_async16(" in site_text(lines, s)]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
     assert len(copies) >= 2 and len(loads) >= 2
     assert [str(s) for s in copies + loads if s.conflicts] == []
     _run_all_modes(fn, dtype, arrays, want)

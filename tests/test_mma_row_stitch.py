@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from kernel_checks import site_text
 
 import polyfuse
 import polyfuse.gemm_rows as generation
@@ -197,12 +198,12 @@ def test_row_tile_rows_are_padded_against_the_epilogues_bank_conflicts():
     assert np.mean(got == storage) > 0.99  # expf vs numpy's exp may differ in an ulp
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks if s.access == "write"]
-    stores = [s for s in sites if "reinterpret_cast<float2*>(&s_qk[" in lines[s.line - 1]]
+    stores = [s for s in sites if "reinterpret_cast<float2*>(&s_qk[" in site_text(lines, s)]
     assert stores and all(s.width == 8 and s.degree == 1.0 for s in stores), [
         str(s) for s in stores
     ]
     reads = [s for t in fn.last_traffic for s in t.shared_banks
-             if s.access == "read" and "&s_qk[" in lines[s.line - 1]]  # fmt: skip
+             if s.access == "read" and "&s_qk[" in site_text(lines, s)]  # fmt: skip
     assert reads and all(s.width == 16 and s.degree == 2.0 for s in reads), [str(s) for s in reads]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hmma_loops import hmma_loop
+from kernel_checks import site_text
 
 import polyfuse
 from polyfuse import ops, te
@@ -134,8 +135,8 @@ def test_aligned_1x1_conv_fills_by_cp_async_without_bank_conflicts():
     assert tolerance("float16").allclose(got, want.astype(np.float16))
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks]
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    copies = [s for s in sites if "pf_cp_async16(" in site_text(lines, s)]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
     assert len(copies) >= 2 and len(loads) >= 2
     assert [str(s) for s in copies + loads if s.conflicts] == []
     _run_all_modes(fn, "float16", arrays, want)
@@ -151,7 +152,7 @@ def test_gathered_conv_tiles_are_read_by_ldmatrix_without_bank_conflicts():
     assert tolerance("bfloat16").allclose(got, want.astype(numpy_dtype("bfloat16")))
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
     assert len(loads) >= 2 and {(s.access, s.width) for s in loads} == {("read", 16)}
     assert [str(s) for s in loads if s.conflicts] == []
 
@@ -299,8 +300,8 @@ def test_gathered_conv_weights_fill_by_cp_async_pipelined(case, stages, monkeypa
     assert "const int pf_kb = " in src and "pf_kb / 9" in src  # once per k-tile
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, "bfloat16")
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    copies = [s for s in sites if "pf_cp_async16(" in site_text(lines, s)]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
     assert len(copies) >= 1 and len(loads) >= 2
     assert [str(s) for s in copies + loads if s.conflicts] == []
     _run_all_modes(fn, "bfloat16", arrays, want)
@@ -337,9 +338,10 @@ def test_channel_innermost_order_runs_without_carries(dtype, case):
     assert "const bool pf_run = " in k.source and "pf_d2 += 1;" in k.source
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, dtype)
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
-    w_writes = [s for s in sites if "s_w[" in lines[s.line - 1] and "= pf_v;" in lines[s.line - 1]]
-    x_writes = [s for s in sites if "s_x[" in lines[s.line - 1] and "= pf_v;" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
+    text = [(s, site_text(lines, s)) for s in sites]
+    w_writes = [s for s, t in text if "s_w[" in t and "= pf_v;" in t]
+    x_writes = [s for s, t in text if "s_x[" in t and "= pf_v;" in t]
     assert len(loads) >= 2 and w_writes and x_writes
     # the weight's scalar writes: half a warp per 32-byte block row (they were 2-way before)
     assert [str(s) for s in loads + w_writes if s.conflicts] == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_checks import site_text
 from test_tensorize import CASES, ODD, _matmul
 from test_tensorize_pipeline import MODES, ODD_ALIGNED, _stage_note
 
@@ -134,9 +135,9 @@ def test_tf32_fills_and_fragment_loads_are_bank_conflict_free(case):
     assert (np.abs(got - want) <= _bound([a, arrays[1]], case == "trans_b")).all()
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks]
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
-    plain = [s for s in sites if "__float_as_uint(pf_s" in lines[s.line - 1]]
+    copies = [s for s in sites if "pf_cp_async16(" in site_text(lines, s)]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
+    plain = [s for s in sites if "__float_as_uint(pf_s" in site_text(lines, s)]
     assert len(copies) >= 2 and len(loads) + len(plain) >= 2
     assert {(s.access, s.width) for s in plain} <= {("read", 4)}
     assert (len(plain) > 0) == (case != "trans_b")

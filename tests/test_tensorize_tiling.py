@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+from kernel_checks import site_text
 from test_tensorize import ODD, _check, _matmul
 from test_tensorize_conv import CASES as CONV_CASES
 from test_tensorize_conv import ODD as CONV_ODD
@@ -138,8 +139,8 @@ def test_the_4x8_warp_tile_reads_and_writes_shared_without_bank_conflicts(monkey
     assert tolerance("float16").allclose(got, want.astype(numpy_dtype("float16")))
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks]
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    copies = [s for s in sites if "pf_cp_async16(" in site_text(lines, s)]
+    loads = [s for s in sites if "pf_ldmatrix" in site_text(lines, s)]
     assert copies and loads
     assert [str(s) for s in copies + loads if s.conflicts] == []
     assert np.isfinite(got).all()

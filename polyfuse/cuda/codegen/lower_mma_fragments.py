@@ -61,12 +61,12 @@ from polyfuse.cuda.codegen.lower_mma_pipeline import (
     Bases,
     advances,
     ahead_fills,
-    k_tile,
     pointer_lets,
     prologue,
     stage,
     stage_pointers,
     steady_loop,
+    tail,
 )
 
 
@@ -159,9 +159,9 @@ def double_buffered_loop(
     zero = KInt(0)
     first = buffered(step, step.loads, zero, zero)  # k-step 0 into buffer 0
 
-    def body(inside: bool) -> list[KNode]:
+    def body(inside: bool, filled: bool = True) -> list[KNode]:
         """One k-tile; ``inside``: its fill lies inside the reduction, and a next k-tile
-        exists (the steady state)."""
+        exists (the steady state); ``filled``: it fills a k-tile (not in the drain)."""
         ahead_loads = buffered(step, step.loads, band(add(div("pf_ks", mk), 1), 1),
                                add("pf_ks", mk))  # fmt: skip
         steps = (*ahead_loads, *buffered(step, step.mma, now, KVar("pf_ks")))
@@ -170,7 +170,8 @@ def double_buffered_loop(
         pointers = stage_pointers(fills, bases, stage("pf_rs", 1, stages, at))
         return [
             KLet("pf_k0", add(k_lo, mul("pf_kt", bk))),
-            ahead_fills(fills, ahead, bk, k_tiles, inside, stage("pf_ws", ahead, stages, at)),
+            *([ahead_fills(fills, ahead, bk, k_tiles, inside, stage("pf_ws", ahead, stages, at))]
+              if filled else []),
             KCommit(lower_mma_pipeline.ONE_GROUP),
             # all k-steps but the last
             KFor("pf_ks", zero, cmp("<", "pf_ks", bk - mk), mk, steps, unroll=True),
@@ -192,7 +193,7 @@ def double_buffered_loop(
         *pointer_lets(fills, bases),
         *first,
         *steady_loop(0, main, body(True), stages, ahead, unrolled, main < k_tiles),
-        *k_tile(main, k_tiles, body(False), True),
+        *tail(main, k_tiles, ahead, body(False), body(False, False)),
     ]
 
 

@@ -81,7 +81,7 @@ def gather_chunk_fill(
     masked = mask_digits(f) is not None
     k_part: list[KNode] = [
         KLet("pf_k", add(k0, mul(f.chunk, "pf_q"))),
-        *[KLet(d, v) for d, v in zip(digits, f.k_vals, strict=True)],
+        *[KLet(d, v) for d, v in zip(digits, _digit_values(f), strict=True)],
         *([] if masked else [KLet(f"pf_e{i}", rest[i]) for i in guarded]),
         KLet("pf_kp", _weighted(rest, strides)),  # the offset but the row's part
     ]
@@ -89,7 +89,7 @@ def gather_chunk_fill(
     q = KLet("pf_q", mod(div("pf_tid" if fixed_q else "pf_c", 8), per_row))
     inside = KVar("pf_in")
     if masked:
-        return (_masked_fill(f, stage, [q, *k_part], kc),)
+        return (_masked_fill(f, stage, [q, *k_part], kc, _advance(f)),)
     first, dst = chunk_destination(f, stage)
     conds = [f.row_guard(), *kc]
     conds += [in_range(add(rows[i], f"pf_e{i}"), arr[i]) for i in guarded]
@@ -183,14 +183,69 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
         nest,
         *([] if f.rows_exact else [KAssign(mask, select(f.row_guard(), mask, 0))]),
     ]
+    first = [KLet(_state(f, j), KInt(lo), const=False)
+             for j, (lo, _) in enumerate(f.red)] if carried(f) else []  # fmt: skip
     return (
+        *first,
         KRegisters(ro, "int", (n,), note=f"{f.src}: each chunk's row offset"),
         KRegisters(pm, "unsigned", (n,), note=f"{f.src}: each chunk's padding mask"),
         _chunks(f, body),
     )
 
 
-def _masked_fill(f: TileFill, stage: Operand, k_part: list[KNode], kc: list[KExpr]) -> KNode:
+def carried(f: TileFill) -> bool:
+    """Whether a k-tile's reduction digits are carried from the previous k-tile's instead of
+    split from its ``k`` (divisions per k-tile): a masked fill (:func:`mask_digits`) of a
+    reduction of several dims whose innermost extent is a multiple of the k-tile (every
+    k-tile then lies in one position of the outer dims, a thread's chunk ``q`` at
+    ``q * chunk`` along the innermost: the k-tiles move the digits like an odometer). The
+    fills of a k-tile loop run once per k-tile, in order (prologue, steady state, tail)."""
+    if len(f.red) < 2 or mask_digits(f) is None:
+        return False
+    lo, hi = f.red[-1]
+    return (hi - lo + 1) % f.block_k == 0
+
+
+def _state(f: TileFill, j: int) -> str:
+    """The register carrying reduction digit ``j`` of ``f``'s next k-tile (:func:`carried`)."""
+    return f"pf_kd{j}_{f.buf}"
+
+
+def _digit_values(f: TileFill) -> tuple[KExpr, ...]:
+    """Each reduction digit of the thread's chunk in the k-tile: carried (:func:`carried`:
+    the k-tile's digits, the chunk's offset ``pf_q`` along the innermost) or split from its
+    ``k``."""
+    if not carried(f):
+        return f.k_vals
+    n = len(f.red)
+    return (*[KVar(_state(f, j)) for j in range(n - 1)],
+            add(_state(f, n - 1), mul(f.chunk, "pf_q")))  # fmt: skip
+
+
+def _advance(f: TileFill) -> list[KNode]:
+    """The carried digits (:func:`carried`) to the next k-tile: the innermost ``+ block_k``,
+    its wrap (exact: a multiple of the k-tile) carried outward by selects, branch-free."""
+    if not carried(f):
+        return []
+    n = len(f.red)
+    lo, hi = f.red[-1]
+    last = _state(f, n - 1)
+    out: list[KNode] = [KAssign(KRef(last), KInt(f.block_k), "+=")]
+    carry = cmp(">", last, hi)
+    out += [KLet(f"pf_kc{n - 1}", carry, "bool"),
+            KAssign(KRef(last), select(f"pf_kc{n - 1}", lo, last))]  # fmt: skip
+    for j in range(n - 2, 0, -1):
+        lo, hi = f.red[j]
+        step = add(_state(f, j), select(f"pf_kc{j + 1}", 1, 0))
+        out += [KLet(f"pf_kc{j}", cmp(">", step, hi), "bool"),
+                KAssign(KRef(_state(f, j)), select(f"pf_kc{j}", lo, step))]  # fmt: skip
+    out.append(KAssign(KRef(_state(f, 0)), select("pf_kc1", 1, 0), "+="))
+    return out
+
+
+def _masked_fill(
+    f: TileFill, stage: Operand, k_part: list[KNode], kc: list[KExpr], advance: list[KNode]
+) -> KNode:
     """The k-tile's chunks through :func:`gather_setup`'s registers: the k-tile's bit
     (none past the reduction), then per chunk a mask test, the offset and the copy. Where
     a thread's chunks lie a constant step apart in the shared layout (checked on every
@@ -212,7 +267,7 @@ def _masked_fill(f: TileFill, stage: Operand, k_part: list[KNode], kc: list[KExp
     return KScope(
         "the thread's chunk column, its k and its mask bit, once per k-tile",
         (*k_part, KLet("pf_bit", select(all_of(*kc), bit, 0) if kc else bit), *first,
-         _chunks(f, body)),
+         _chunks(f, body), *advance),
     )  # fmt: skip
 
 
