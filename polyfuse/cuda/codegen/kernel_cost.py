@@ -153,6 +153,8 @@ class _Walker(KVisitor[Mix]):
         self.drained, self.committed = outer
         hoisted = Mix(slots=-inner.ints, ints=-inner.ints).scaled(trips - 1)
         unrolled = inner.scaled(trips) + hoisted
+        if n.unroll_by > 1:  # a steady state unrolled by its stages: their fills in flight
+            self.inflight = max(self.inflight, inner.global_read_bytes * min(trips, n.unroll_by))
         if n.unroll:  # integer work folds to constants or is hoisted: once for the nest
             reused = _reused_loads(n, self.buffers) if whole and not self.unrolled else Mix()
             return unrolled + reused.scaled(-1)
