@@ -7,7 +7,7 @@ of its 60 k-tile loops were over the issue's 2 others per HMMA, the most 3.38 (t
 of four warps: 2.94); then 12 (the attention output projection's 64x64 tiles, whose gathered
 operand split k into heads by divisions per k-tile: 2.28); since its head and offset are
 carried from k-tile to k-tile (``lower_mma_gather_chunks.carried``), none (the most 1.95), and
-none spills. ResNet-50's stage-1 3x3 convs: 3.05 -> 2.61 by the same carry; MobileNetV2's
+none spills. ResNet-50's stage-1 3x3 convs: 3.05 -> 2.36 by the same carry; MobileNetV2's
 projections of 3 k-tiles, whose loop is all drain: 6.4 -> at most 2.06 with no dead fill there
 (``lower_mma_pipeline.tail``).
 """
@@ -38,9 +38,9 @@ def test_bert_base_bf16_tensor_core_loops_on_sm_90():
 
 
 def test_resnet50_and_mobilenet_v2_bf16_loops_on_sm_90():
-    """ResNet-50: the stage-1 3x3 convs (64x64 tiles, 64 channels) carry their filter
-    position across k-tiles, 3.05 -> 2.61; MobileNetV2: 5 of its 10 k-tile loops over 2
-    (10 before the drain), the most 3.16 (6.38 before)."""
+    """ResNet-50: the 3x3 convs (64x64 tiles) carry their filter position across k-tiles,
+    their channel offset from k0: 2.89-3.05 -> 2.19-2.45 (stage 1 3.05 -> 2.36); MobileNetV2:
+    5 of its 10 k-tile loops over 2 (10 before the drain), the most 3.16 (6.38 before)."""
     require_sass_tools()
     import zoo_sass
 
@@ -50,7 +50,7 @@ def test_resnet50_and_mobilenet_v2_bf16_loops_on_sm_90():
     # the gathered 3x3 convs over 2 (not the 7x7 stem on 3 channels: scalar fills)
     convs = [r["per_hmma"] for r in rows if "conv" in r["kernel"] and r["per_hmma"]
              and 2 < r["per_hmma"] < 5]  # fmt: skip
-    assert max(convs) <= 2.96 and sum(x <= 2.65 for x in convs) >= 3, convs
+    assert len(convs) >= 12 and max(convs) <= 2.5, convs
     rows = zoo_sass.model_kernels("mobilenet_v2", "sm_90")
     s = zoo_sass.summary("mobilenet_v2", "sm_90", rows)
     assert (s["looped"], s["spilling"], s["over_bar"]) == (10, 0, 5), s

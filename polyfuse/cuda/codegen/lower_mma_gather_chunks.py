@@ -81,7 +81,7 @@ def gather_chunk_fill(
     masked = mask_digits(f) is not None
     k_part: list[KNode] = [
         KLet("pf_k", add(k0, mul(f.chunk, "pf_q"))),
-        *[KLet(d, v) for d, v in zip(digits, _digit_values(f), strict=True)],
+        *[KLet(d, v) for d, v in zip(digits, _digit_values(f, k0), strict=True)],
         *([] if masked else [KLet(f"pf_e{i}", rest[i]) for i in guarded]),
         KLet("pf_kp", _weighted(rest, strides)),  # the offset but the row's part
     ]
@@ -89,7 +89,7 @@ def gather_chunk_fill(
     q = KLet("pf_q", mod(div("pf_tid" if fixed_q else "pf_c", 8), per_row))
     inside = KVar("pf_in")
     if masked:
-        return (_masked_fill(f, stage, [q, *k_part], kc, _advance(f)),)
+        return (_masked_fill(f, stage, [q, *k_part], kc, _advance(f, k0)),)
     first, dst = chunk_destination(f, stage)
     conds = [f.row_guard(), *kc]
     conds += [in_range(add(rows[i], f"pf_e{i}"), arr[i]) for i in guarded]
@@ -184,7 +184,7 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
         *([] if f.rows_exact else [KAssign(mask, select(f.row_guard(), mask, 0))]),
     ]
     first = [KLet(_state(f, j), KInt(lo), const=False)
-             for j, (lo, _) in enumerate(f.red)] if carried(f) else []  # fmt: skip
+             for j, (lo, _) in enumerate(f.red[:-1])] if carried(f) else []  # fmt: skip
     return (
         *first,
         KRegisters(ro, "int", (n,), note=f"{f.src}: each chunk's row offset"),
@@ -196,10 +196,13 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
 def carried(f: TileFill) -> bool:
     """Whether a k-tile's reduction digits are carried from the previous k-tile's instead of
     split from its ``k`` (divisions per k-tile): a masked fill (:func:`mask_digits`) of a
-    reduction of several dims whose innermost extent is a multiple of the k-tile (every
-    k-tile then lies in one position of the outer dims, a thread's chunk ``q`` at
-    ``q * chunk`` along the innermost: the k-tiles move the digits like an odometer). The
-    fills of a k-tile loop run once per k-tile, in order (prologue, steady state, tail)."""
+    reduction of several dims whose innermost extent is a multiple of the k-tile. Every
+    k-tile then lies at one position of the outer dims (a conv's filter position), a
+    thread's chunk ``q`` at ``q * chunk`` along the innermost from the k-tile's start, which
+    is ``k0`` modulo the extent: constant per k-tile of a steady state NVRTC unrolls from a
+    multiple of the extent's k-tiles. The outer digits move like an odometer, +1 after the
+    extent's last k-tile. The fills of a k-tile loop run once per k-tile, in order
+    (prologue, steady state, tail), so the registers advance with them."""
     if len(f.red) < 2 or mask_digits(f) is None:
         return False
     lo, hi = f.red[-1]
@@ -207,33 +210,34 @@ def carried(f: TileFill) -> bool:
 
 
 def _state(f: TileFill, j: int) -> str:
-    """The register carrying reduction digit ``j`` of ``f``'s next k-tile (:func:`carried`)."""
+    """The register carrying outer reduction digit ``j`` of ``f``'s next k-tile
+    (:func:`carried`)."""
     return f"pf_kd{j}_{f.buf}"
 
 
-def _digit_values(f: TileFill) -> tuple[KExpr, ...]:
-    """Each reduction digit of the thread's chunk in the k-tile: carried (:func:`carried`:
-    the k-tile's digits, the chunk's offset ``pf_q`` along the innermost) or split from its
-    ``k``."""
+def _digit_values(f: TileFill, k0: Operand) -> tuple[KExpr, ...]:
+    """Each reduction digit of the thread's chunk in the k-tile at ``k0``: the outer ones
+    carried (:func:`carried`), the innermost the k-tile's ``k0`` modulo its extent plus the
+    chunk's offset ``pf_q`` along it; or all split from the chunk's ``k``."""
     if not carried(f):
         return f.k_vals
     n = len(f.red)
+    lo, hi = f.red[-1]
     return (*[KVar(_state(f, j)) for j in range(n - 1)],
-            add(_state(f, n - 1), mul(f.chunk, "pf_q")))  # fmt: skip
+            add(lo, mod(k0, hi - lo + 1), mul(f.chunk, "pf_q")))  # fmt: skip
 
 
-def _advance(f: TileFill) -> list[KNode]:
-    """The carried digits (:func:`carried`) to the next k-tile: the innermost ``+ block_k``,
-    its wrap (exact: a multiple of the k-tile) carried outward by selects, branch-free."""
+def _advance(f: TileFill, k0: Operand) -> list[KNode]:
+    """The carried digits (:func:`carried`) to the next k-tile: where the k-tile at ``k0`` is
+    the innermost extent's last (``k0`` modulo it; a constant where NVRTC unrolls the loop
+    from a multiple of the extent's k-tiles), the next outer digit ``+ 1``, its wrap carried
+    outward by selects, branch-free."""
     if not carried(f):
         return []
     n = len(f.red)
     lo, hi = f.red[-1]
-    last = _state(f, n - 1)
-    out: list[KNode] = [KAssign(KRef(last), KInt(f.block_k), "+=")]
-    carry = cmp(">", last, hi)
-    out += [KLet(f"pf_kc{n - 1}", carry, "bool"),
-            KAssign(KRef(last), select(f"pf_kc{n - 1}", lo, last))]  # fmt: skip
+    ext = hi - lo + 1
+    out: list[KNode] = [KLet(f"pf_kc{n - 1}", cmp("==", mod(k0, ext), ext - f.block_k), "bool")]
     for j in range(n - 2, 0, -1):
         lo, hi = f.red[j]
         step = add(_state(f, j), select(f"pf_kc{j + 1}", 1, 0))
