@@ -129,3 +129,37 @@ def test_sass_of_resnet50_stage1_conv3x3(arch):
     binary = compiles_without_spills(fn, arch)
     hmma, _, _, other = hmma_loop(binary, arch, k.function)
     assert other / hmma <= 2.45, (hmma, other)
+
+
+@pytest.mark.slow
+def test_random_channels_last_convs_match_float64():
+    """24 random bf16 convs (channels 16-128, filters 1-5, strides 1-2, paddings, forced
+    stages, unroll, k-tiles, fragment buffers and block tiles), carried or not, each against
+    float64 numpy in a random race-check mode."""
+    import random
+
+    rng = random.Random(2611)
+    carried = 0
+    for _ in range(24):
+        c = rng.choice([32, 64, 96, 128, 16, 40])
+        k = rng.choice([1, 2, 3, 3, 5])
+        stride, pad = rng.choice([1, 1, 2]), rng.randint(0, k // 2)
+        size = (rng.randint(1, 2), c, rng.randint(5, 40), rng.randint(k, 15), rng.randint(k, 15))
+        m: dict = {}
+        if rng.random() < 0.7:
+            m["gemm_stages"] = rng.randint(1, 4)
+        if m.get("gemm_stages", 2) > 1 and rng.random() < 0.5:
+            m["mma_stage_unroll"] = rng.choice([True, False])
+        if rng.random() < 0.3:
+            m["mma_block_k"] = 64
+        if m.get("gemm_stages", 3) > 2 and rng.random() < 0.3:
+            m["mma_fragment_buffers"] = rng.choice([1, 2])
+        if rng.random() < 0.4:
+            m["mma_tile"] = rng.choice([(64, 64, 2, 2), (128, 64, 2, 2), (32, 32, 2, 2)])
+        fn, kern, arrays, want = _compile(size, k, stride, pad, **m)
+        carried += CARRY.split("_s_")[0] in kern.source
+        race = rng.choice([False, True, "shadow"])
+        got = fn(*arrays, device="emulate", race_check=race)
+        w = want.astype(numpy_dtype("bfloat16"))
+        assert tolerance("bfloat16").allclose(got, w), (size, k, stride, pad, m, race)
+    assert carried >= 6, carried
