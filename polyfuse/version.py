@@ -45,6 +45,7 @@ __version__ = "0.1.0"
 # state unrolled by its stages where the registers allow; 34: row-guarded tensor-core chunks
 # address a clamped row in the steady state; 35: gathered chunk fills carry their reduction
 # digits across k-tiles, and a pipelined loop's drain fills nothing; 36: their channel offset
-# from k0, only the outer digits carried), so kernels and schedules cached by an older
-# compiler miss.
-CODEGEN_REVISION = 36
+# from k0, only the outer digits carried; 37: a gathered fill without padding tests clamps
+# rows past the end in its setup, its steady addresses unselected), so kernels and schedules
+# cached by an older compiler miss.
+CODEGEN_REVISION = 37

@@ -60,14 +60,15 @@ def test_resnet50_and_mobilenet_v2_bf16_loops_on_sm_90():
 def test_vit_b16_bf16_row_guarded_projections_on_sm_90():
     """ViT-B/16's 1576 token rows (8 x 197) leave the last 64-row tile partial: its 64x64
     projections and FFN down were at 2.53 other instructions per HMMA with a select on every
-    chunk's address, 1.83 with the clamped row; 26 of 62 k-tile loops over 2 (50 before),
-    none spills."""
+    chunk's address, 1.83 with the clamped row; its attention output projections (the heads
+    merged, a gathered operand) 2.34 -> 1.95 with the head carried and a clamped row in the
+    gather's setup; 14 of 62 k-tile loops over 2 (50, then 26 before), none spills."""
     require_sass_tools()
     import zoo_sass
 
     rows = zoo_sass.model_kernels("vit_b16", "sm_90")
     s = zoo_sass.summary("vit_b16", "sm_90", rows)
-    assert (s["looped"], s["spilling"]) == (62, 0) and s["over_bar"] <= 26, s
+    assert (s["looped"], s["spilling"]) == (62, 0) and s["over_bar"] <= 14, s
     clamped = [r for r in rows if r["tile"].startswith("64x64x32") and r["unrolled"]
                and r["per_hmma"] is not None and r["per_hmma"] <= 2.0]  # fmt: skip
-    assert len(clamped) >= 24, rows
+    assert len(clamped) >= 36, rows

@@ -175,13 +175,19 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
     for d, lo, hi in reversed(used):
         nest = KFor(d, KInt(lo), cmp("<=", d, hi), 1, (nest,), unroll=True)
     n = f.outer * per_row // f.nthreads
+    row = add(f.row0, "pf_t")
+    # no padding test: a chunk past the last row takes the last row's offset (it copies
+    # nothing from there: its mask is clear), so a k-tile inside the reduction needs no
+    # select on the address (:func:`_masked_fill`)
+    clamp = not guarded and not f.rows_exact
     body: list[KNode] = [
         *_chunk_row(f),
-        KLet("pf_r", add(f.row0, "pf_t")),
+        KLet("pf_r", select(cmp(">", row, f.row_hi), f.row_hi, row) if clamp else row),
         KAssign(KRef(ro, (KVar("pf_u"),)), _weighted(rows, strides)),
         KAssign(mask, KInt(0)),
         nest,
-        *([] if f.rows_exact else [KAssign(mask, select(f.row_guard(), mask, 0))]),
+        *([] if f.rows_exact else
+          [KAssign(mask, select(cmp("<=", row, f.row_hi), mask, 0))]),  # fmt: skip
     ]
     first = [KLet(_state(f, j), KInt(lo), const=False)
              for j, (lo, _) in enumerate(f.red[:-1])] if carried(f) else []  # fmt: skip
@@ -261,11 +267,15 @@ def _masked_fill(
     bit = _mask_bit(used)
     inside = KVar("pf_in")
     first, dst = chunk_destination(f, stage)
+    off: KExpr = add(KRef(ro, (u,)), "pf_kp")
+    if kc or split_subscripts(f, [f"pf_d{j}" for j in range(len(f.k_vals))])[2]:
+        # a chunk outside (padding, past the reduction) may address past the array
+        off = select(inside, off, 0)
     body: list[KNode] = [
         *([] if first else _chunk_row(f)),
         KLet("pf_in", cmp("!=", band(KRef(pm, (u,)), "pf_bit"), 0), "bool"),
         # unsigned: the address is the array's plus a zero-extended offset, as before
-        KLet("pf_off", select(inside, add(KRef(ro, (u,)), "pf_kp"), 0), "unsigned"),
+        KLet("pf_off", off, "unsigned"),
         KChunkCopy(dst, KRef(f.src, (KVar("pf_off"),)), select(inside, 16, 0)),
     ]  # fmt: skip
     return KScope(
