@@ -40,7 +40,9 @@ def test_bert_base_bf16_tensor_core_loops_on_sm_90():
 def test_resnet50_and_mobilenet_v2_bf16_loops_on_sm_90():
     """ResNet-50: the 3x3 convs (64x64 tiles) carry their filter position across k-tiles,
     their channel offset from k0: 2.89-3.05 -> 2.19-2.45 (stage 1 3.05 -> 2.36); MobileNetV2:
-    5 of its 10 k-tile loops over 2 (10 before the drain), the most 3.16 (6.38 before)."""
+    5 of its 10 k-tile loops over 2 after the drain (10 before), the most 3.16 (6.38 before);
+    since its chains cross the depthwise convs (every 1x1 conv reads channels-last), 5 of 13
+    (three 32x32 tiles unrolled whole became 64x32 loops at 3.88), the most 3.88."""
     require_sass_tools()
     import zoo_sass
 
@@ -53,8 +55,8 @@ def test_resnet50_and_mobilenet_v2_bf16_loops_on_sm_90():
     assert len(convs) >= 12 and max(convs) <= 2.5, convs
     rows = zoo_sass.model_kernels("mobilenet_v2", "sm_90")
     s = zoo_sass.summary("mobilenet_v2", "sm_90", rows)
-    assert (s["looped"], s["spilling"], s["over_bar"]) == (10, 0, 5), s
-    assert s["max_per_hmma"] <= 3.2, s
+    assert (s["looped"], s["spilling"], s["over_bar"]) == (13, 0, 5), s
+    assert s["max_per_hmma"] <= 3.9, s
 
 
 def test_vit_b16_bf16_row_guarded_projections_on_sm_90():

@@ -26,7 +26,8 @@ for a scalar gather, ~10 per 8-element chunk).
 
 Conv chains: where the input is the end of a chain of primitives without reduction (bias or
 batch norm, activation, residual add, requantization), each read only by the next through the
-same index, or of a pool whose window keeps the channels (a max pool: :func:`_window_source`),
+same index, or of a pool or depthwise convolution whose window keeps the channels (a max
+pool, MobileNetV2's depthwise 3x3 convs: :func:`_window_source`),
 that starts at convolutions this pass already reads channels-last or refused (a stem conv of 3
 channels reads NCHW but may store its output channels-last), the convolutions and the chain
 are computed channels-last themselves (their loop nests permuted,
@@ -44,6 +45,8 @@ columns are the GEMM's ``n``, would be transposed by its fill byte by byte.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -127,20 +130,35 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar, bool] | str | None:
     return None  # no channel dim read plainly by both (a grouped conv)
 
 
-def _window_source(t: Tensor, keep: int) -> Tensor | None:
-    """The one tensor a reduction that is no convolution (a max or average pool) reads, where
-    it keeps dim ``keep`` (the channels): every read of it has ``t``'s rank and reads dim
-    ``keep`` through ``t``'s own axis ``keep``, so both permute alike; else None."""
+def _window_source(t: Tensor, keep: int, computed: Callable[[Tensor], bool]) -> Tensor | None:
+    """The one computed tensor (``computed``: a graph primitive's) a reduction that is no
+    convolution reads — a max or average pool, or a depthwise convolution, whose filter (a
+    graph input or constant) is read as it is stored — where it keeps dim ``keep`` (the
+    channels): every read of it has ``t``'s rank and reads dim ``keep`` through ``t``'s own
+    axis ``keep``, so both permute alike; else None."""
     assert t.op is not None
-    reads = list(t.op.reads())
+    reads = [r for r in t.op.reads() if computed(r.tensor)]
     if not reads or len({r.tensor.uid for r in reads}) != 1:
         return None
     axis = t.op.axes[keep]
     for r in reads:
         s = r.indices[keep] if r.tensor.ndim == t.ndim else None
-        if not (isinstance(s, IterVar) and s.uid == axis.uid):
+        if not _is_axis(s, axis):
             return None
     return reads[0].tensor
+
+
+def _is_axis(s: object, axis: IterVar) -> bool:
+    """Whether subscript ``s`` is ``axis`` itself, or ``axis`` plus a reduction axis of one
+    trip from 0 (a depthwise convolution's input channel ``oc + rc``, ``rc`` the one
+    channel of its group)."""
+    if isinstance(s, IterVar):
+        return s.uid == axis.uid
+    if isinstance(s, Binary) and s.op == "add":
+        for a, b in ((s.a, s.b), (s.b, s.a)):
+            if _is_axis(a, axis) and isinstance(b, IterVar) and (b.lo, b.hi) == (0, 1):
+                return True
+    return False
 
 
 def _producer_chain(
@@ -169,7 +187,7 @@ def _producer_chain(
     if cur.op.reduce is not None:
         if t.uid in convs:
             return [cur]
-        src = _window_source(cur, keep)
+        src = _window_source(cur, keep, lambda x: graph.idents.get(x.uid) in graph.prims)
         up = _producer_chain(graph, rw, src, name, convs, keep) if src is not None else None
         return [*up, cur] if up else None
     prims = {q.tensor.uid for q in graph.prims.values()}
