@@ -4,8 +4,8 @@
 A channels-last conv's input tile is filled by 16-byte chunks, each at the chunk's ``k``
 split back into ``(kh, kw, c)`` and tested against a per-chunk padding mask. Where the
 channels are a multiple of the k-tile, every k-tile lies at one filter position: its channel
-offset is ``k0`` modulo the channels (a constant per k-tile of a steady state NVRTC unrolls)
-and its filter position is carried from the previous k-tile's like an odometer (``kw + 1``
+offset is ``k0`` modulo the channels (the same for every thread: no per-chunk division) and
+its filter position is carried from the previous k-tile's like an odometer (``kw + 1``
 after the channels' last k-tile, its wrap into ``kh``), instead of three divisions per
 k-tile. Checked against float64 numpy at odd spatial sizes in every race-check mode, at 1-4
 stages, unrolled and rolled steady states, single- and double-buffered fragments, k-tiles of

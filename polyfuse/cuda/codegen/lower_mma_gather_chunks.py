@@ -199,16 +199,22 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
     )
 
 
+def _padded(f: TileFill) -> bool:
+    """Whether ``f``'s chunks test subscripts of the array (a conv's padding), beside their
+    row: a chunk outside may then address past the array."""
+    return bool(split_subscripts(f, [f"pf_d{j}" for j in range(len(f.k_vals))])[2])
+
+
 def carried(f: TileFill) -> bool:
     """Whether a k-tile's reduction digits are carried from the previous k-tile's instead of
     split from its ``k`` (divisions per k-tile): a masked fill (:func:`mask_digits`) of a
     reduction of several dims whose innermost extent is a multiple of the k-tile. Every
     k-tile then lies at one position of the outer dims (a conv's filter position), a
     thread's chunk ``q`` at ``q * chunk`` along the innermost from the k-tile's start, which
-    is ``k0`` modulo the extent: constant per k-tile of a steady state NVRTC unrolls from a
-    multiple of the extent's k-tiles. The outer digits move like an odometer, +1 after the
-    extent's last k-tile. The fills of a k-tile loop run once per k-tile, in order
-    (prologue, steady state, tail), so the registers advance with them."""
+    is ``k0`` modulo the extent (the same for every thread: NVRTC computes it on the uniform
+    datapath, or folds it in an unrolled steady state). The outer digits move like an
+    odometer, +1 after the extent's last k-tile. The fills of a k-tile loop run once per
+    k-tile, in order (prologue, steady state, tail), so the registers advance with them."""
     if len(f.red) < 2 or mask_digits(f) is None:
         return False
     lo, hi = f.red[-1]
@@ -235,9 +241,8 @@ def _digit_values(f: TileFill, k0: Operand) -> tuple[KExpr, ...]:
 
 def _advance(f: TileFill, k0: Operand) -> list[KNode]:
     """The carried digits (:func:`carried`) to the next k-tile: where the k-tile at ``k0`` is
-    the innermost extent's last (``k0`` modulo it; a constant where NVRTC unrolls the loop
-    from a multiple of the extent's k-tiles), the next outer digit ``+ 1``, its wrap carried
-    outward by selects, branch-free."""
+    the innermost extent's last (``k0`` modulo it, the same for every thread), the next
+    outer digit ``+ 1``, its wrap carried outward by selects, branch-free."""
     if not carried(f):
         return []
     n = len(f.red)
@@ -268,8 +273,7 @@ def _masked_fill(
     inside = KVar("pf_in")
     first, dst = chunk_destination(f, stage)
     off: KExpr = add(KRef(ro, (u,)), "pf_kp")
-    if kc or split_subscripts(f, [f"pf_d{j}" for j in range(len(f.k_vals))])[2]:
-        # a chunk outside (padding, past the reduction) may address past the array
+    if kc or _padded(f):  # a chunk outside (padding, past the reduction) may address past
         off = select(inside, off, 0)
     body: list[KNode] = [
         *([] if first else _chunk_row(f)),
